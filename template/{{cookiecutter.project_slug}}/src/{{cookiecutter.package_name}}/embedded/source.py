@@ -1,0 +1,433 @@
+"""Kafka source for Spark 4 as a Python data source (``DataSourceStreamReader``) on confluent-kafka.
+
+Planning (``initialOffset``/``latestOffset``/``partitions``) runs in one long-lived Python
+process next to the driver; ``read`` runs in executor Python workers. Offsets are Kafka's
+"next offset to read", per topic-partition, in the JSON shape of :mod:`..offsets`.
+
+Output columns match Spark's built-in ``kafka`` source: key, value, topic, partition, offset,
+timestamp, timestampType, headers.
+
+Options (all strings, as Spark passes them):
+
+``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated topics, required),
+``startingOffsets`` (``earliest`` | ``latest``, default earliest), ``storedOffsets`` (JSON
+offsets that win over startingOffsets, e.g. read back from the Delta table),
+``maxRecordsPerTrigger``, ``minPartitions`` (split offset ranges so at least this many read
+tasks run), ``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000), and
+``kafkaConfig`` (JSON object of extra librdkafka settings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from ..kafka_admin import KafkaAdmin
+from ..offsets import Offsets, offsets_from_json, offsets_to_json
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "kafka_embedded"
+
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int, headers array<struct<key: string, value: binary>>"
+)
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+        (
+            "headers",
+            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+        ),
+    ]
+)
+
+_ROWS_PER_ARROW_BATCH = 50_000
+
+
+class DataLossError(RuntimeError):
+    """Offsets the pipeline needs are no longer in Kafka (retention, deletion, truncation)."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    starting_offsets: str
+    stored_offsets: Offsets
+    max_records_per_trigger: int | None
+    min_partitions: int
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    kafka_config: dict[str, str]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        def get(name: str, default: str | None = None) -> str | None:
+            value = options.get(name)
+            return default if value is None or value == "" else value
+
+        servers = get("kafka.bootstrap.servers")
+        if not servers:
+            raise ValueError(f"{SOURCE_NAME}: option 'kafka.bootstrap.servers' is required")
+        topics = tuple(t.strip() for t in (get("subscribe") or "").split(",") if t.strip())
+        if not topics:
+            raise ValueError(f"{SOURCE_NAME}: option 'subscribe' needs at least one topic")
+        starting = (get("startingOffsets", "earliest") or "").lower()
+        if starting not in {"earliest", "latest"}:
+            raise ValueError(
+                f"{SOURCE_NAME}: startingOffsets must be 'earliest' or 'latest', got {starting!r}"
+            )
+        max_records = get("maxRecordsPerTrigger")
+        return cls(
+            bootstrap_servers=servers,
+            topics=topics,
+            starting_offsets=starting,
+            stored_offsets=offsets_from_json(json.loads(get("storedOffsets", "{}") or "{}")),
+            max_records_per_trigger=int(max_records) if max_records else None,
+            min_partitions=int(get("minPartitions", "1") or "1"),
+            fail_on_data_loss=(get("failOnDataLoss", "true") or "").lower() == "true",
+            poll_timeout_ms=int(get("pollTimeoutMs", "120000") or "120000"),
+            kafka_config={str(k): str(v) for k, v in json.loads(get("kafkaConfig", "{}")).items()},
+        )
+
+    def client_config(self) -> dict[str, str]:
+        return {**self.kafka_config, "bootstrap.servers": self.bootstrap_servers}
+
+
+class OffsetRange(InputPartition):
+    """One read task: offsets [start, end) of one topic-partition."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        client_config: tuple[tuple[str, str], ...],
+        poll_timeout_ms: int,
+    ) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.client_config = client_config
+        self.poll_timeout_ms = poll_timeout_ms
+
+
+def _flatten(offsets: Offsets) -> dict[tuple[str, int], int]:
+    return {(t, p): o for t, parts in offsets.items() for p, o in parts.items()}
+
+
+def _nest(flat: Mapping[tuple[str, int], int]) -> Offsets:
+    out: Offsets = {}
+    for (t, p), o in sorted(flat.items()):
+        out.setdefault(t, {})[p] = o
+    return out
+
+
+def cap_offsets(start: Offsets, latest: Offsets, max_records: int) -> Offsets:
+    """End offsets reading at most ``max_records`` past ``start``, shared across partitions in
+    proportion to what each has available (the rule of Spark's Kafka source), never starving a
+    partition that has data while the cap allows one record for it."""
+    s, hi = _flatten(start), _flatten(latest)
+    avail = {tp: max(0, hi[tp] - s.get(tp, hi[tp])) for tp in hi}
+    total = sum(avail.values())
+    if total <= max_records:
+        return latest
+    take = {tp: (n * max_records) // total for tp, n in avail.items()}
+    leftover = max_records - sum(take.values())
+    # Hand out what integer division left, largest remainders first.
+    by_remainder = sorted(avail, key=lambda tp: (-((avail[tp] * max_records) % total), tp))
+    for tp in by_remainder:
+        if leftover <= 0:
+            break
+        if take[tp] < avail[tp]:
+            take[tp] += 1
+            leftover -= 1
+    return _nest({tp: s.get(tp, hi[tp]) + take[tp] for tp in hi})
+
+
+def split_ranges(
+    start: Offsets, end: Offsets, min_partitions: int
+) -> list[tuple[str, int, int, int]]:
+    """[start, end) per topic-partition, split so that at least ``min_partitions`` tasks exist
+    when there is enough data (large ranges are cut first), so every core has work."""
+    ranges = [
+        (t, p, start.get(t, {}).get(p, e), e)
+        for t, parts in sorted(end.items())
+        for p, e in sorted(parts.items())
+        if e > start.get(t, {}).get(p, e)
+    ]
+    total = sum(e - s for _, _, s, e in ranges)
+    if not ranges or len(ranges) >= min_partitions or total == 0:
+        return ranges
+    out = []
+    for t, p, s, e in ranges:
+        pieces = max(1, math.ceil((e - s) * min_partitions / total))
+        step = math.ceil((e - s) / pieces)
+        out.extend((t, p, lo, min(e, lo + step)) for lo in range(s, e, step))
+    return out
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans offset ranges in the planning process; reads them in executors."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = SourceOptions.parse(options)
+        self._admin: KafkaAdmin | None = None
+        self._target: Offsets | None = None
+        self._latest: Offsets | None = None
+
+    @property
+    def admin(self) -> KafkaAdmin:
+        if self._admin is None:
+            self._admin = KafkaAdmin(self.options.client_config())
+        return self._admin
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        partitions = self.admin.partitions(self.options.topics)
+        marks = self.admin.watermarks(partitions)
+        default = marks.earliest if self.options.starting_offsets == "earliest" else marks.latest
+        stored = self.options.stored_offsets
+        start = {
+            t: {p: stored.get(t, {}).get(p, default[t][p]) for p in parts}
+            for t, parts in partitions.items()
+        }
+        self._check_available(start, marks.earliest)
+        return offsets_to_json(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        partitions = self.admin.partitions(self.options.topics)
+        self._target = self.admin.latest(partitions)
+        log.info("availableNow target offsets: %s", offsets_to_json(self._target))
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = offsets_from_json(start)
+        partitions = self.admin.partitions(self.options.topics)
+        marks = self.admin.watermarks(partitions)
+        self._latest = marks.latest
+        # Partitions added since the last batch start at their earliest offset.
+        begin = {
+            t: {p: begin.get(t, {}).get(p, marks.earliest[t][p]) for p in parts}
+            for t, parts in partitions.items()
+        }
+        self._check_available(begin, marks.earliest)
+        latest = marks.latest
+        if self._target is not None:
+            # availableNow: never past the offsets seen when the run started.
+            latest = {
+                t: {
+                    p: min(o, self._target.get(t, {}).get(p, begin[t][p])) for p, o in parts.items()
+                }
+                for t, parts in latest.items()
+            }
+        # Never move backwards (a stale watermark, or a broker that under-reports it).
+        latest = {
+            t: {p: max(o, begin[t][p]) for p, o in parts.items()} for t, parts in latest.items()
+        }
+        if isinstance(limit, ReadMaxRows):
+            latest = cap_offsets(begin, latest, limit.max_rows)
+        return offsets_to_json(latest)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return offsets_to_json(self._latest) if self._latest is not None else None
+
+    def _check_available(self, positions: Offsets, earliest: Offsets) -> None:
+        lost = [
+            (t, p, o, earliest[t][p])
+            for t, parts in positions.items()
+            for p, o in parts.items()
+            if p in earliest.get(t, {}) and o < earliest[t][p]
+        ]
+        if not lost:
+            return
+        detail = "; ".join(
+            f"{t}[{p}] needs offset {o} but the earliest available is {e}" for t, p, o, e in lost
+        )
+        if self.options.fail_on_data_loss:
+            raise DataLossError(
+                f"records were deleted from Kafka before the pipeline read them: {detail}. "
+                "Set kafka.fail_on_data_loss: false to skip ahead to the earliest offsets."
+            )
+        log.warning("fail_on_data_loss is off; skipping records no longer in Kafka: %s", detail)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, stop = offsets_from_json(start), offsets_from_json(end)
+        if not self.options.fail_on_data_loss:
+            # Skip ahead over deleted records instead of failing in the read task.
+            earliest = self.admin.watermarks(
+                {t: sorted(parts) for t, parts in stop.items()}
+            ).earliest
+            begin = {
+                t: {p: max(o, earliest.get(t, {}).get(p, o)) for p, o in parts.items()}
+                for t, parts in begin.items()
+            }
+        conf = tuple(sorted(self.options.client_config().items()))
+        return [
+            OffsetRange(t, p, s, e, conf, self.options.poll_timeout_ms)
+            for t, p, s, e in split_ranges(begin, stop, self.options.min_partitions)
+        ]
+
+    # -- reading (executors) ----------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        yield from read_range(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Deliberately empty: Spark calls this in the planning process after its commit log is
+        # written, and not for the last batch of a run. The consumer-group commit happens in
+        # the batch function right after the Delta commit (see commit_back.py).
+        pass
+
+    def stop(self) -> None:
+        self._admin = None
+
+
+# One consumer per executor Python worker and client config: workers are reused across tasks
+# (spark.python.worker.reuse), so connections and metadata survive from batch to batch.
+_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def _consumer(client_config: tuple[tuple[str, str], ...]) -> Any:
+    from confluent_kafka import Consumer
+
+    consumer = _CONSUMERS.get(client_config)
+    if consumer is None:
+        conf = dict(client_config)
+        conf.update(
+            {
+                # Never part of a group: offsets come from the plan, and the group is written
+                # only by the commit-back hook.
+                "group.id": conf.get("group.id", "kafka-delta-embedded-reader"),
+                "enable.auto.commit": "false",
+                "enable.auto.offset.store": "false",
+                "enable.partition.eof": "true",
+                # Out-of-range must surface as an error, never as a silent reset.
+                "auto.offset.reset": "error",
+            }
+        )
+        consumer = Consumer(conf)
+        _CONSUMERS[client_config] = consumer
+    return consumer
+
+
+def _to_batch(rows: dict[str, list[Any]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)
+
+
+def _empty_rows() -> dict[str, list[Any]]:
+    return {name: [] for name in ARROW_SCHEMA.names}
+
+
+def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Yield records with offsets in [start, end) of one partition as Arrow batches.
+
+    The stop condition never assumes offsets are dense: transaction markers and compaction
+    leave gaps, so reading stops at the first record at or past ``end - 1``, or when the
+    broker reports the end of the partition at or past ``end``.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    if task.end <= task.start:
+        return
+    consumer = _consumer(task.client_config)
+    consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+    rows = _empty_rows()
+    deadline = time.monotonic() + task.poll_timeout_ms / 1000
+    position = task.start
+    try:
+        while position < task.end:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            if not messages:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{task.topic}[{task.partition}]: no records between offsets "
+                        f"{position} and {task.end} within {task.poll_timeout_ms} ms, "
+                        "although the plan said they exist"
+                    )
+                continue
+            deadline = time.monotonic() + task.poll_timeout_ms / 1000
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        position = max(position, msg.offset())
+                        continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise DataLossError(
+                            f"{task.topic}[{task.partition}]: offset {position} is out of "
+                            f"range ({err.str()}); the records were deleted from Kafka"
+                        )
+                    raise KafkaException(err)
+                offset = msg.offset()
+                if offset >= task.end:
+                    position = offset
+                    break
+                position = offset + 1
+                ts_type, ts = msg.timestamp()
+                headers = msg.headers()
+                rows["key"].append(msg.key())
+                rows["value"].append(msg.value())
+                rows["topic"].append(task.topic)
+                rows["partition"].append(task.partition)
+                rows["offset"].append(offset)
+                rows["timestamp"].append(ts * 1000 if ts_type and ts >= 0 else None)
+                rows["timestampType"].append(max(0, ts_type - 1) if ts_type else None)
+                rows["headers"].append(
+                    [{"key": k, "value": v} for k, v in headers] if headers else None
+                )
+            if len(rows["offset"]) >= _ROWS_PER_ARROW_BATCH:
+                yield _to_batch(rows)
+                rows = _empty_rows()
+        if rows["offset"]:
+            yield _to_batch(rows)
+    finally:
+        consumer.unassign()
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("kafka_embedded")`` once registered with
+    ``spark.dataSource.register(KafkaDataSource)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)

@@ -1,0 +1,146 @@
+"""Entry point: ``spark-submit src/<pkg>/main.py``, the console script, or ``python -m <pkg>``.
+
+spark-submit src/<pkg>/main.py --env local --trigger available-now
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if not __package__:
+    # spark-submit runs this file as a plain script; make its relative imports work (PEP 366).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = Path(__file__).resolve().parent.name
+
+import argparse
+import logging
+import os
+import signal
+
+from .config import ConfigError, PipelineConfig, load_config
+
+log = logging.getLogger(__name__)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=__package__,
+        description="Stream Kafka topics into a Delta table exactly once.",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--env", default="local", help="use conf/<ENV>.yaml (default: local)")
+    where.add_argument("--config", type=Path, help="path of a YAML config file")
+    parser.add_argument("--bootstrap-servers", help="override kafka.bootstrap_servers")
+    parser.add_argument("--table", help="override delta.table (path or URI)")
+    parser.add_argument("--checkpoint", help="override checkpoint (path)")
+    parser.add_argument(
+        "--trigger",
+        choices=["available-now", "processing-time"],
+        help="override trigger.mode: run until caught up, or continuously",
+    )
+    parser.add_argument(
+        "--max-records-per-trigger", type=int, help="override kafka.max_records_per_trigger"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    return parser.parse_args(argv)
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    if args.config is not None:
+        return args.config
+    return Path.cwd() / "conf" / f"{args.env}.yaml"
+
+
+def _absolute(path: str | None) -> str | None:
+    if path is None or "://" in path or path.startswith("dbfs:"):
+        return path
+    return str(Path(path).expanduser().resolve())
+
+
+def build_config(args: argparse.Namespace) -> PipelineConfig:
+    config = load_config(_config_path(args))
+    return config.with_overrides(
+        **{
+            "kafka.bootstrap_servers": args.bootstrap_servers,
+            "delta.table": _absolute(args.table),
+            "checkpoint": _absolute(args.checkpoint),
+            "trigger.mode": args.trigger.replace("-", "_") if args.trigger else None,
+            "kafka.max_records_per_trigger": args.max_records_per_trigger,
+        }
+    )
+
+
+def build_spark(config: PipelineConfig):
+    # Spark's Python workers must run this interpreter, where the package is importable.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"kafka-delta-{config.pipeline_id}")
+    # Under spark-submit (or on Databricks) the master is already chosen; only a plain
+    # `python -m` run takes the one from the config file.
+    if config.spark.master and not SparkConf().contains("spark.master"):
+        builder = builder.master(config.spark.master)
+    for key, value in config.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    from .pipeline import Pipeline
+
+    spark = build_spark(config)
+    pipeline = Pipeline(spark, config)
+
+    def _graceful(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping after the current micro-batch", signum)
+        pipeline.request_stop()
+
+    signal.signal(signal.SIGTERM, _graceful)
+    signal.signal(signal.SIGINT, _graceful)
+    try:
+        summary = pipeline.run()
+    except Exception as exc:
+        log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
+        return 1
+    stats = summary.commit_back
+    log.info(
+        "done: batches=%d replayed=%d rows=%d delta_version=%s commit_back_ok=%s "
+        "commit_back_failed=%s",
+        summary.batches,
+        summary.replayed_batches,
+        summary.rows_written,
+        summary.last_delta_version,
+        stats.succeeded if stats else "off",
+        stats.failed if stats else "off",
+    )
+    return 0
+
+
+def _root_message(exc: BaseException) -> str:
+    """The first line that says what went wrong, not a wall of JVM stack."""
+    text = str(exc)
+    for line in text.splitlines():
+        line = line.strip()
+        if "Error:" in line or "Exception:" in line:
+            return line
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""Wires source -> transform -> exactly-once sink -> commit-back hook, one micro-batch at a time.
+
+One micro-batch (DESIGN.md section 3):
+
+1. The source planned ``[start, end)`` per partition; Spark wrote ``end`` to the checkpoint's
+   offset log before running the batch. The batch's end offsets are read from there, never
+   derived from ``max(offset) + 1`` of the data (offsets have gaps).
+2. The user's transform runs.
+3. The sink makes ONE Delta commit: data + ``txn(app_id, batch_id)`` + end offsets.
+4. The commit-back hook copies the end offsets to the consumer group, asynchronously.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from .commit_back import CommitBackStats, OffsetCommitter
+from .config import PipelineConfig
+from .embedded.offset_store import DeltaRsOffsetStore
+from .embedded.sink import DeltaRsSink
+from .embedded.source import SOURCE_NAME, KafkaDataSource
+from .kafka_admin import KafkaAdmin, total_lag
+from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, offsets_from_json, total_records
+from .transform import transform as default_transform
+
+log = logging.getLogger(__name__)
+
+Transform = Callable[[DataFrame], DataFrame]
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The Spark checkpoint and the Delta table disagree in a way that would lose data."""
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    replayed_batches: int = 0
+    rows_written: int = 0
+    last_delta_version: int | None = None
+    end_offsets: Offsets = field(default_factory=dict)
+    commit_back: CommitBackStats | None = None
+    commit_back_ms: list[float] = field(default_factory=list)
+    batch_seconds: list[float] = field(default_factory=list)
+
+
+def _local_path(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path if parsed.scheme else uri)
+    raise ValueError(
+        f"the embedded engine needs a local checkpoint path, got {uri!r} "
+        "(use the cluster engine for checkpoints on object storage)"
+    )
+
+
+def checkpoint_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
+    """End offsets Spark planned for ``batch_id``, from the checkpoint's offset log.
+
+    Spark writes ``offsets/<batch_id>`` (version line, metadata line, one line per source)
+    before the batch runs, so it is the authoritative plan, including for a replayed batch.
+    """
+    path = _local_path(checkpoint) / "offsets" / str(batch_id)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if len(lines) < 3:
+        raise CheckpointMismatchError(f"offset log entry {path} has no source offsets")
+    return offsets_from_json(json.loads(lines[2]))
+
+
+def checkpoint_query_id(checkpoint: str) -> str | None:
+    path = _local_path(checkpoint) / "metadata"
+    if not path.exists():
+        return None
+    return str(json.loads(path.read_text(encoding="utf-8").splitlines()[0])["id"])
+
+
+def checkpoint_has_progress(checkpoint: str) -> bool:
+    commits = _local_path(checkpoint) / "commits"
+    return commits.is_dir() and any(p.name.isdigit() for p in commits.iterdir())
+
+
+class Pipeline:
+    """A configured streaming query. ``run()`` blocks until caught up (availableNow) or until
+    :meth:`request_stop` (processing time); either way the commit-back hook is flushed."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: PipelineConfig,
+        transform: Transform = default_transform,
+    ) -> None:
+        self.spark = spark
+        self.config = config
+        self.transform = transform
+        self.sink = DeltaRsSink(config.delta.table, config.delta.storage_options)
+        self.offset_store = DeltaRsOffsetStore(
+            config.delta.table, config.pipeline_id, config.delta.storage_options
+        )
+        self.admin = KafkaAdmin(config.kafka.client_config())
+        self.committer: OffsetCommitter | None = None
+        self.summary = RunSummary()
+        self._target: Offsets | None = None
+        self._stop = threading.Event()
+        self._query: StreamingQuery | None = None
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def resume_point(self) -> StoredOffsets | None:
+        """Stored offsets to start from when the checkpoint is new; checks the checkpoint
+        and the table agree."""
+        stored = self.offset_store.read()
+        if stored is None and checkpoint_has_progress(self.config.checkpoint):
+            raise CheckpointMismatchError(
+                f"checkpoint {self.config.checkpoint} has committed batches, but table "
+                f"{self.config.delta.table} holds no offsets of pipeline "
+                f"{self.config.pipeline_id!r}: the table was deleted or replaced. Restore the "
+                "table, or delete the checkpoint to re-read from "
+                f"{self.config.kafka.starting_offsets} offsets."
+            )
+        return stored
+
+    def source_options(self, stored: StoredOffsets | None) -> dict[str, str]:
+        kafka = self.config.kafka
+        extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
+        options = {
+            "kafka.bootstrap.servers": kafka.bootstrap_servers,
+            "subscribe": ",".join(kafka.topics),
+            "startingOffsets": kafka.starting_offsets,
+            "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+            "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
+            "minPartitions": str(self.spark.sparkContext.defaultParallelism),
+            "kafkaConfig": json.dumps(extra),
+        }
+        if kafka.max_records_per_trigger:
+            options["maxRecordsPerTrigger"] = str(kafka.max_records_per_trigger)
+        if stored is not None:
+            options["storedOffsets"] = json.dumps(
+                {t: {str(p): o for p, o in parts.items()} for t, parts in stored.offsets.items()}
+            )
+        return options
+
+    def start(self) -> StreamingQuery:
+        stored = self.resume_point()
+        if stored is None:
+            log.info(
+                "no offsets of pipeline %r in %s; a new checkpoint starts at %s offsets",
+                self.config.pipeline_id,
+                self.config.delta.table,
+                self.config.kafka.starting_offsets,
+            )
+        else:
+            log.info(
+                "table %s holds offsets of pipeline %r at Delta version %d (batch %d); "
+                "a new checkpoint resumes there",
+                self.config.delta.table,
+                self.config.pipeline_id,
+                stored.delta_version,
+                stored.batch_id,
+            )
+        if self.config.commit_back.enabled:
+            self.committer = OffsetCommitter(
+                self.config.kafka.client_config(),
+                self.config.kafka.consumer_group,
+                timeout_s=self.config.commit_back.timeout_seconds,
+            )
+        self.spark.dataSource.register(KafkaDataSource)
+        stream = (
+            self.spark.readStream.format(SOURCE_NAME).options(**self.source_options(stored)).load()
+        )
+        writer = (
+            stream.writeStream.queryName(f"kafka-delta-{self.config.pipeline_id}")
+            .option("checkpointLocation", self.config.checkpoint)
+            .foreachBatch(self._process_batch)
+        )
+        if self.config.trigger.mode == "available_now":
+            self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{self.config.trigger.interval_seconds} seconds"
+            )
+        self._query = writer.start()
+        return self._query
+
+    # -- the micro-batch --------------------------------------------------------------------
+
+    def _query_id(self, df: DataFrame) -> str:
+        query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        return query_id or checkpoint_query_id(self.config.checkpoint) or ""
+
+    def _process_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        end = checkpoint_end_offsets(self.config.checkpoint, batch_id)
+        query_id = self._query_id(df)
+        if not query_id:
+            raise CheckpointMismatchError("cannot determine the streaming query id")
+        commit = BatchCommit(
+            pipeline_id=self.config.pipeline_id,
+            app_id=app_id(self.config.pipeline_id, query_id),
+            batch_id=batch_id,
+            end_offsets=end,
+        )
+        data = self.transform(df).toArrow()
+        result = self.sink.commit_batch(data, commit)
+
+        hook_started = time.perf_counter()
+        if self.committer is not None:
+            self.committer.submit(batch_id, end)
+        hook_ms = (time.perf_counter() - hook_started) * 1000
+        elapsed = time.perf_counter() - started
+
+        summary = self.summary
+        summary.batches += 1
+        summary.replayed_batches += 0 if result.written else 1
+        summary.rows_written += result.rows
+        if result.delta_version is not None:
+            summary.last_delta_version = result.delta_version
+        summary.end_offsets = end
+        summary.commit_back_ms.append(hook_ms)
+        summary.batch_seconds.append(elapsed)
+        self._log_progress(
+            batch_id, result.rows, result.written, result.delta_version, end, elapsed, hook_ms
+        )
+
+    def _log_progress(
+        self,
+        batch_id: int,
+        rows: int,
+        written: bool,
+        delta_version: int | None,
+        end: Offsets,
+        elapsed: float,
+        hook_ms: float,
+    ) -> None:
+        try:
+            latest = self.admin.latest({t: sorted(parts) for t, parts in end.items()})
+            behind: int | str = total_lag(latest, end)
+        except Exception as exc:  # progress reporting must never fail a committed batch
+            behind = f"unknown ({exc})"
+        stats = self.committer.stats() if self.committer is not None else None
+        target = (
+            f" to_target={total_records(end, self._target)}" if self._target is not None else ""
+        )
+        log.info(
+            "batch=%d records=%d records_per_s=%.0f delta_version=%s behind_latest=%s%s "
+            "commit_back_ok=%s commit_back_failed=%s hook_ms=%.2f",
+            batch_id,
+            rows,
+            rows / elapsed if elapsed > 0 else 0.0,
+            delta_version if written else "replayed",
+            behind,
+            target,
+            stats.succeeded if stats else "off",
+            stats.failed if stats else "off",
+            hook_ms,
+        )
+
+    # -- running ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after the current micro-batch (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self) -> RunSummary:
+        query = self.start()
+        try:
+            while query.isActive and not self._stop.is_set():
+                query.awaitTermination(0.5)
+            if query.isActive:
+                query.stop()
+            query.awaitTermination()  # re-raises the query's failure, if any
+        finally:
+            if self.committer is not None:
+                self.summary.commit_back = self.committer.close()
+        return self.summary
