@@ -1,0 +1,95 @@
+"""Config: validated at start-up, with messages that name the bad key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from {{ cookiecutter.package_name }}.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.main import main
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    conf = tmp_path / "conf"
+    conf.mkdir(exist_ok=True)
+    path = conf / "test.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _base() -> dict:
+    return yaml.safe_load((PROJECT / "conf" / "local.yaml").read_text())
+
+
+def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_root() -> None:
+    cfg = load_config(PROJECT / "conf" / "local.yaml")
+    assert cfg.kafka.topics
+    assert Path(cfg.delta.table).is_absolute()
+    assert Path(cfg.delta.table).is_relative_to(PROJECT)
+    assert Path(cfg.checkpoint).is_relative_to(PROJECT)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["kafka"].update(topics=[]), "kafka.topics"),
+        (lambda d: d["kafka"].update(topics=["bad topic!"]), "not a valid Kafka topic name"),
+        (lambda d: d["kafka"].update(topics=["a", "a"]), "more than once"),
+        (lambda d: d["kafka"].pop("bootstrap_servers"), "kafka.bootstrap_servers: is required"),
+        (lambda d: d["kafka"].update(max_records_per_trigger=0), "kafka.max_records_per_trigger"),
+        (lambda d: d["kafka"].update(starting_offsets="middle"), "kafka.starting_offsets"),
+        (lambda d: d["kafka"].update(client={"group.id": "x"}), "manages itself"),
+        (lambda d: d["trigger"].update(mode="sometimes"), "trigger.mode"),
+        (lambda d: d.update(pipeline_id="has space"), "pipeline_id"),
+        (lambda d: d["delta"].update(tabel="typo"), "delta.tabel: unknown key"),
+        (lambda d: d.update(engine="cluster-of-dreams"), "engine"),
+    ],
+)
+def test_invalid_config_names_the_bad_key(tmp_path: Path, mutate, message: str) -> None:
+    data = _base()
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, data))
+    assert message in str(err.value)
+    assert "test.yaml" in str(err.value)
+
+
+def test_unreadable_or_non_yaml_config_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read configuration file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_overrides_replace_servers_table_and_checkpoint_without_editing_files(
+    tmp_path: Path,
+) -> None:
+    cfg = load_config(PROJECT / "conf" / "local.yaml").with_overrides(
+        **{
+            "kafka.bootstrap_servers": "broker-1:9093",
+            "delta.table": str(tmp_path / "t"),
+            "checkpoint": str(tmp_path / "c"),
+        }
+    )
+    assert cfg.kafka.bootstrap_servers == "broker-1:9093"
+    assert cfg.delta.table == str(tmp_path / "t")
+    assert cfg.checkpoint == str(tmp_path / "c")
+    assert cfg.kafka.client_config()["bootstrap.servers"] == "broker-1:9093"
+
+
+def test_main_rejects_bad_config_before_any_work_with_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _base()
+    data["kafka"]["topics"] = ["ok", "not ok"]
+    code = main(["--config", str(_write(tmp_path, data))])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "kafka.topics" in err and "not ok" in err
+    assert not (tmp_path / "data").exists()

@@ -1,0 +1,81 @@
+"""Offset bookkeeping: commit metadata, reading back by pipeline tag, admission control."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from {{ cookiecutter.package_name }}.embedded.source import cap_offsets, split_ranges
+from {{ cookiecutter.package_name }}.offsets import (
+    BatchCommit,
+    app_id,
+    newest_stored,
+    offsets_from_json,
+    offsets_to_json,
+    parse_user_metadata,
+)
+
+
+def test_commit_metadata_round_trips_offsets_and_identity() -> None:
+    commit = BatchCommit("orders", app_id("orders", "q1"), 7, {"t": {0: 10, 1: 3}})
+    parsed = parse_user_metadata(commit.user_metadata(), "orders")
+    assert parsed == commit
+
+
+def test_newest_stored_skips_other_writers_maintenance_and_other_pipelines() -> None:
+    mine_old = BatchCommit("orders", "orders.q1", 1, {"t": {0: 5}}).user_metadata()
+    mine_new = BatchCommit("orders", "orders.q1", 2, {"t": {0: 9}}).user_metadata()
+    other = BatchCommit("refunds", "refunds.q9", 40, {"t": {0: 99}}).user_metadata()
+    history = [  # newest first, as Delta returns it
+        {"version": 6, "operation": "VACUUM END"},
+        {"version": 5, "operation": "OPTIMIZE"},
+        {"version": 4, "operation": "WRITE", "userMetadata": other},
+        {"version": 3, "operation": "WRITE", "userMetadata": "a human wrote this"},
+        {"version": 2, "operation": "WRITE", "userMetadata": json.dumps({"note": 1})},
+        {"version": 1, "operation": "WRITE", "userMetadata": mine_new},
+        {"version": 0, "operation": "WRITE", "userMetadata": mine_old},
+    ]
+    stored = newest_stored(history, "orders")
+    assert stored is not None
+    assert (stored.delta_version, stored.batch_id, stored.offsets) == (1, 2, {"t": {0: 9}})
+    assert newest_stored(history[:1], "orders") is None
+
+
+def test_app_id_differs_per_checkpoint_so_a_new_checkpoint_is_never_skipped() -> None:
+    assert app_id("orders", "query-a") != app_id("orders", "query-b")
+    assert app_id("orders", "query-a") == app_id("orders", "query-a")
+
+
+def test_offsets_json_rejects_malformed_values() -> None:
+    assert offsets_from_json(offsets_to_json({"t": {2: 5, 0: 1}})) == {"t": {0: 1, 2: 5}}
+    for bad in ({"t": {"0": -1}}, {"t": {"0": "5"}}, {"t": 5}, [1]):
+        with pytest.raises(ValueError):
+            offsets_from_json(bad)  # type: ignore[arg-type]
+
+
+def test_read_limit_is_shared_in_proportion_and_never_exceeded() -> None:
+    start = {"a": {0: 0, 1: 100}, "b": {0: 0}}
+    latest = {"a": {0: 900, 1: 200}, "b": {0: 0}}
+    capped = cap_offsets(start, latest, 500)
+    taken = {p: capped["a"][p] - start["a"][p] for p in (0, 1)}
+    assert sum(taken.values()) == 500
+    assert taken[0] == 450 and taken[1] == 50  # 900:100 split of 500
+    assert capped["b"] == {0: 0}
+    assert cap_offsets(start, latest, 10_000) == latest
+
+
+def test_read_limit_smaller_than_partition_count_still_makes_progress() -> None:
+    start = {"t": {p: 0 for p in range(4)}}
+    latest = {"t": {p: 10 for p in range(4)}}
+    capped = cap_offsets(start, latest, 3)
+    assert sum(capped["t"].values()) == 3
+
+
+def test_ranges_are_split_so_every_core_gets_work() -> None:
+    ranges = split_ranges({"t": {0: 0}}, {"t": {0: 1000}}, min_partitions=4)
+    assert len(ranges) >= 4
+    assert ranges[0][2] == 0 and ranges[-1][3] == 1000
+    assert all(a[3] == b[2] for a, b in itertools.pairwise(ranges))  # contiguous, no overlap
+    assert split_ranges({"t": {0: 5}}, {"t": {0: 5}}, 4) == []
