@@ -1,0 +1,415 @@
+"""Render the template and prove the result is a well-formed project; prove bad answers stop.
+
+Fast on purpose (no Spark, no broker): each render takes about 0.1 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from cookiecutter import config as cookiecutter_config
+from cookiecutter.exceptions import FailedHookException
+from cookiecutter.main import cookiecutter
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "template"
+HOOK = TEMPLATE / "hooks" / "pre_gen_project.py"
+PRESETS = sorted((ROOT / "conf").glob("*.yaml"))
+TEMPLATE_DEFAULTS = json.loads((TEMPLATE / "cookiecutter.json").read_text(encoding="utf-8"))
+
+# Tool caches left by running ruff/pytest inside template/ are untracked and never reach a
+# clone of the repository; they are not rendered output.
+CACHE_DIRS = {".ruff_cache", ".pytest_cache", ".mypy_cache", "__pycache__"}
+TEMPLATE_MARKERS = (b"{{", b"{%", b"%}")
+
+# Runs in a fresh interpreter so the generated package is imported the way its users import
+# it, and nothing of one rendered project leaks into another.
+LOAD_CONFIGS = """
+import importlib, json, sys
+src, package, *paths = sys.argv[1:]
+sys.path.insert(0, src)
+config = importlib.import_module(package + ".config")
+print(json.dumps({p: config.load_config(p).model_dump(mode="json") for p in paths}))
+"""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    project: Path
+    answers: dict[str, Any]  # the context cookiecutter rendered with (from its replay file)
+
+
+@pytest.fixture(autouse=True)
+def _cookiecutter_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cookiecutter writes a replay file under ~ on every run; keep it in tmp_path, where the
+    # tests also read it back to learn the answers a render actually used.
+    monkeypatch.setitem(cookiecutter_config.DEFAULT_CONFIG, "replay_dir", str(tmp_path / "replay"))
+    monkeypatch.setitem(
+        cookiecutter_config.DEFAULT_CONFIG, "cookiecutters_dir", str(tmp_path / "cookiecutters")
+    )
+    monkeypatch.delenv("COOKIECUTTER_CONFIG", raising=False)
+
+
+def render(
+    tmp_path: Path,
+    extra_context: dict[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Rendered:
+    project = cookiecutter(
+        str(TEMPLATE),
+        no_input=True,
+        extra_context=extra_context,
+        config_file=str(config_file) if config_file else None,
+        # Without a preset, ignore the machine's ~/.cookiecutterrc.
+        default_config=config_file is None,
+        output_dir=str(tmp_path / "out"),
+    )
+    replay = json.loads((tmp_path / "replay" / "template.json").read_text(encoding="utf-8"))
+    return Rendered(Path(project), replay["cookiecutter"])
+
+
+def topic_list(answer: str) -> list[str]:
+    return [topic.strip() for topic in answer.split(",")]
+
+
+def load_configs_with_project_loader(rendered: Rendered, paths: list[Path]) -> dict[str, Any]:
+    src = rendered.project / "src"
+    package = rendered.answers["package_name"]
+    argv = [sys.executable, "-I", "-c", LOAD_CONFIGS, str(src), package, *map(str, paths)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
+    """The checks every render must pass; returns the validated configs by file name."""
+    project, answers = rendered.project, rendered.answers
+    slug, package = answers["project_slug"], answers["package_name"]
+    assert project.name == slug
+
+    leftovers = []
+    for path in project.rglob("*"):
+        relative = path.relative_to(project)
+        if CACHE_DIRS & set(relative.parts):
+            continue
+        if any(marker.decode() in str(relative) for marker in TEMPLATE_MARKERS):
+            leftovers.append(f"{relative} (name)")
+        if path.is_file():
+            content = path.read_bytes()
+            leftovers += [f"{relative}: {m.decode()}" for m in TEMPLATE_MARKERS if m in content]
+    assert not leftovers, f"unrendered template syntax: {leftovers}"
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["name"] == slug
+    assert pyproject["project"]["description"] == answers["description"]
+    assert pyproject["project"]["authors"] == [{"name": answers["author_name"]}]
+    assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
+    assert (project / "src" / package / "main.py").is_file()
+
+    conf_files = sorted((project / "conf").glob("*.yaml"))
+    assert project / "conf" / "local.yaml" in conf_files
+    for conf in conf_files:
+        raw = yaml.safe_load(conf.read_text(encoding="utf-8"))
+        assert raw["kafka"]["topics"] == topic_list(answers["topics"]), conf.name
+
+    configs = load_configs_with_project_loader(rendered, conf_files)
+    for conf in conf_files:
+        cfg = configs[str(conf)]
+        assert cfg["kafka"]["topics"] == topic_list(answers["topics"]), conf.name
+        assert cfg["kafka"]["consumer_group"] == answers["consumer_group"]
+        assert cfg["kafka"]["bootstrap_servers"] == answers["kafka_bootstrap_servers"]
+        assert cfg["pipeline_id"] == answers["pipeline_id"]
+        assert cfg["engine"] == answers["engine"]
+    return {Path(path).name: cfg for path, cfg in configs.items()}
+
+
+def assert_no_project_left(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir()), list(out.rglob("*"))
+
+
+def load_hook() -> ModuleType:
+    # Before rendering, the hook is plain Python (its Jinja sits inside a string).
+    spec = importlib.util.spec_from_file_location("pre_gen_project_under_test", HOOK)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    # No __pycache__ next to the hook: everything under template/ is template material.
+    dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write_bytecode
+    return module
+
+
+# --- renders that must succeed -------------------------------------------------------------
+
+
+def test_defaults_render_a_valid_project(tmp_path: Path) -> None:
+    rendered = render(tmp_path)
+
+    configs = assert_is_valid_project(rendered)
+
+    assert rendered.project.name == "orders-stream"
+    assert rendered.answers["package_name"] == "orders_stream"
+    local = configs["local.yaml"]
+    assert local["kafka"]["topics"] == ["orders"]
+    assert local["delta"]["table"] == str(rendered.project / "data/tables/orders_stream")
+    assert local["checkpoint"] == str(rendered.project / "data/checkpoints/orders_stream")
+
+
+def test_there_is_at_least_one_preset() -> None:
+    assert PRESETS, "conf/*.yaml holds no preset"
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_renders_a_valid_project_with_every_answer_it_sets(
+    tmp_path: Path, preset: Path
+) -> None:
+    preset_answers = yaml.safe_load(preset.read_text(encoding="utf-8"))["default_context"]
+
+    rendered = render(tmp_path, config_file=preset)
+
+    assert_is_valid_project(rendered)
+    # cookiecutter only warns about a preset answer it cannot use (e.g. an engine missing from
+    # cookiecutter.json's choices) and renders the default instead: catch that here.
+    for name, value in preset_answers.items():
+        assert name in TEMPLATE_DEFAULTS, f"{preset.name}: unknown answer {name!r}"
+        assert rendered.answers[name] == value, f"{preset.name}: {name} was not applied"
+
+
+def test_embedded_local_preset_renders_the_demo_project(tmp_path: Path) -> None:
+    rendered = render(tmp_path, config_file=ROOT / "conf" / "embedded-local.yaml")
+
+    configs = assert_is_valid_project(rendered)
+
+    assert rendered.project.name == "orders-stream"
+    assert configs["local.yaml"]["kafka"]["topics"] == ["orders", "payments"]
+    assert configs["local.yaml"]["kafka"]["bootstrap_servers"] == "127.0.0.1:9092"
+    assert configs["local.yaml"]["engine"] == "embedded"
+
+
+def test_awkward_answers_render_files_that_still_parse(tmp_path: Path) -> None:
+    answers = {
+        "project_name": 'Café "Ørders" — l\'été',
+        "description": "Says \"hi\" from C:\\data\\new,\nthen a second line with 'quotes'.",
+        "author_name": "Dana O'Brien-Łukasz",
+        "topics": " a.b , c_d,e-f ",
+        "table": 'data/tables/l\'été "Ørders" #1',
+    }
+
+    rendered = render(tmp_path, extra_context=answers)
+
+    configs = assert_is_valid_project(rendered)
+    assert rendered.project.name == "cafe-orders-l-ete"
+    assert rendered.answers["package_name"] == "cafe_orders_l_ete"
+    assert rendered.answers["description"] == answers["description"]
+    assert configs["local.yaml"]["kafka"]["topics"] == ["a.b", "c_d", "e-f"]
+    assert configs["local.yaml"]["delta"]["table"] == str(rendered.project / answers["table"])
+
+
+def test_hook_reads_answers_with_triple_quotes_and_backslashes_as_data(tmp_path: Path) -> None:
+    rendered = render(
+        tmp_path, extra_context={"project_name": 'Ends in """ and \\', "project_slug": "quoted"}
+    )
+
+    assert rendered.project.name == "quoted"
+    assert rendered.answers["project_name"] == 'Ends in """ and \\'
+
+
+def test_answers_outside_the_basic_multilingual_plane_still_parse(tmp_path: Path) -> None:
+    rendered = render(
+        tmp_path,
+        extra_context={
+            "description": "Streams orders 🚀",
+            "table": "data/ü😀",
+            "author_name": "Zoë 🐍",
+        },
+    )
+
+    assert_is_valid_project(rendered)
+
+
+def test_rendered_default_project_passes_ruff(tmp_path: Path) -> None:
+    rendered = render(tmp_path)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."],
+        cwd=rendered.project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- answers that must be refused ----------------------------------------------------------
+
+SHADOWED = [
+    "pyspark", "delta", "deltalake", "confluent_kafka", "pyarrow", "pandas", "pydantic",
+    "yaml", "json", "logging", "test", "tests", "kafka",
+]  # fmt: skip
+
+INVALID_ANSWERS = [
+    ({"project_name": "   ", "project_slug": "blank"}, "project_name must not be empty"),
+    ({"project_slug": "Orders"}, "project_slug 'Orders' must start with a lowercase letter"),
+    ({"project_slug": "orders_stream"}, "project_slug 'orders_stream' must start with"),
+    ({"project_name": "2024 Orders"}, "project_slug '2024-orders' must start with"),
+    ({"project_name": "!!!"}, "project_slug '' must start with a lowercase letter"),
+    ({"package_name": "orders-stream"}, "package_name 'orders-stream' must be a lowercase"),
+    ({"package_name": "Orders"}, "package_name 'Orders' must be a lowercase Python identifier"),
+    ({"package_name": "class"}, "package_name 'class' is a Python keyword"),
+    *(
+        ({"package_name": name}, f"package_name {name!r} would shadow a standard-library")
+        for name in SHADOWED
+    ),
+    ({"topics": ""}, "topics must list at least one Kafka topic"),
+    ({"topics": "  "}, "topics must list at least one Kafka topic"),
+    ({"topics": "orders,,payments"}, "topics 'orders,,payments' has an empty item"),
+    ({"topics": "orders, "}, "topics 'orders, ' has an empty item"),
+    ({"topics": "orders,bad topic"}, "topics item 'bad topic' is not a valid Kafka topic name"),
+    ({"topics": "orders/eu"}, "topics item 'orders/eu' is not a valid Kafka topic name"),
+    ({"topics": "."}, "topics item '.' is not a valid Kafka topic name"),
+    ({"topics": "orders,.."}, "topics item '..' is not a valid Kafka topic name"),
+    ({"topics": "t" * 250}, f"topics item {'t' * 250!r} is not a valid Kafka topic name"),
+    ({"topics": "orders,payments, orders"}, "topics lists 'orders' more than once"),
+    ({"topics": "orders.eu,orders_eu"}, "topics 'orders.eu' and 'orders_eu' collide"),
+    ({"consumer_group": " "}, "consumer_group must not be empty"),
+    ({"consumer_group": "my group"}, "consumer_group 'my group' must not contain whitespace"),
+    ({"consumer_group": 'a"""b\\ c'}, 'consumer_group \'a"""b\\\\ c\' must not contain'),
+    ({"kafka_bootstrap_servers": ""}, "kafka_bootstrap_servers must be a comma-separated list"),
+    ({"kafka_bootstrap_servers": "localhost"}, "item 'localhost' is not valid"),
+    ({"kafka_bootstrap_servers": "localhost:0"}, "item 'localhost:0' is not valid"),
+    ({"kafka_bootstrap_servers": "localhost:65536"}, "item 'localhost:65536' is not valid"),
+    ({"kafka_bootstrap_servers": "localhost:http"}, "item 'localhost:http' is not valid"),
+    ({"kafka_bootstrap_servers": ":9092"}, "item ':9092' is not valid"),
+    ({"kafka_bootstrap_servers": "a:9092,,b:9092"}, "item '' is not valid"),
+    ({"kafka_bootstrap_servers": "my host:9092"}, "item 'my host:9092' is not valid"),
+    ({"table": " "}, "table must not be empty"),
+    ({"checkpoint": ""}, "checkpoint must not be empty"),
+    ({"table": "data/x", "checkpoint": "data/x"}, "table and checkpoint must be different"),
+    ({"table": "data/x", "checkpoint": "./data//x/"}, "table and checkpoint must be different"),
+    (
+        {"table": "data/t", "checkpoint": "data/t/_checkpoint"},
+        "checkpoint 'data/t/_checkpoint' must not be inside the table 'data/t'",
+    ),
+    (
+        {"table": "s3://b/state/table", "checkpoint": "s3://b/state/"},
+        "table 's3://b/state/table' must not be inside the checkpoint 's3://b/state/'",
+    ),
+    ({"pipeline_id": "-orders"}, "pipeline_id '-orders' must start with a letter or digit"),
+    ({"pipeline_id": "orders stream"}, "pipeline_id 'orders stream' must start with"),
+    ({"pipeline_id": "p" * 129}, "(at most 128 characters)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    INVALID_ANSWERS,
+    ids=[f"{next(iter(a))}={next(iter(a.values()))!r:.40}" for a, _ in INVALID_ANSWERS],
+)
+def test_invalid_answer_stops_generation_with_its_message(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], answers: dict[str, str], message: str
+) -> None:
+    with pytest.raises(FailedHookException):
+        render(tmp_path, extra_context=answers)
+
+    err = capfd.readouterr().err
+    assert "Invalid answer: " in err and message in err, err
+    assert_no_project_left(tmp_path)
+
+
+def test_invalid_answer_fails_the_cookiecutter_cli_with_its_message(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("COOKIECUTTER_CONFIG", None)
+    out = tmp_path / "out"
+
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "--default-config"]
+    command += ["--output-dir", str(out), str(TEMPLATE), "topics=orders,bad topic"]
+
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+    assert result.returncode != 0
+    assert "Invalid answer: topics item 'bad topic' is not a valid Kafka topic name" in (
+        result.stderr
+    )
+    assert_no_project_left(tmp_path)
+
+
+def test_engine_missing_from_the_template_choices_is_refused(tmp_path: Path) -> None:
+    # cookiecutter itself refuses a value outside a choice variable, before the hook runs.
+    with pytest.raises(ValueError, match="choice variable engine"):
+        render(tmp_path, extra_context={"engine": "cluster"})
+
+    assert_no_project_left(tmp_path)
+
+
+# --- the hook's rules, called directly -----------------------------------------------------
+
+
+def test_hook_refuses_an_engine_it_does_not_support() -> None:
+    hook = load_hook()
+
+    assert hook.validate({"engine": "embedded"}) == []
+    assert hook.validate({"engine": "cluster"}) == [
+        "engine 'cluster' is not supported; choose one of: embedded."
+    ]
+
+
+def test_hook_refuses_answers_that_are_not_text() -> None:
+    assert load_hook().validate({"topics": ["orders"]}) == [
+        "topics must be a text answer, not list."
+    ]
+
+
+def test_hook_accepts_every_default_answer() -> None:
+    defaults = {
+        "project_name": "Orders Stream",
+        "project_slug": "orders-stream",
+        "package_name": "orders_stream",
+        "topics": "orders",
+        "consumer_group": "orders-stream",
+        "kafka_bootstrap_servers": "127.0.0.1:9092",
+        "table": "data/tables/orders_stream",
+        "checkpoint": "data/checkpoints/orders_stream",
+        "pipeline_id": "orders-stream",
+        "engine": "embedded",
+    }
+
+    assert load_hook().validate(defaults) == []
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"topics": "t" * 249},
+        {"topics": "orders.eu,orders-eu,Orders_EU"},
+        {"kafka_bootstrap_servers": "[::1]:9092, broker-1.example.com:19092,10.0.0.7:65535"},
+        {"table": "data/t", "checkpoint": "data/t2"},
+        {"table": "s3://bucket/tables/t", "checkpoint": "s3://bucket/checkpoints/t"},
+        {"pipeline_id": "p" * 128},
+        {"package_name": "_private"},
+        {"consumer_group": "orders.v2_group-1"},
+    ],
+    ids=lambda answers: f"{next(iter(answers))}",
+)
+def test_hook_accepts_answers_at_the_edge_of_each_rule(answers: dict[str, str]) -> None:
+    assert load_hook().validate(answers) == []
