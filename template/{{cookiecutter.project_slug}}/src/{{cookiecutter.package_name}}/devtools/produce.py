@@ -47,6 +47,16 @@ def event(event_id: int, rng: random.Random) -> bytes:
     ).encode()
 
 
+def _produce(producer: Producer, topic: str, partition: int, key: bytes, value: bytes) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, partition=partition)
+            producer.poll(0)
+            return
+        except BufferError:  # local queue full: let deliveries drain, then retry
+            producer.poll(0.1)
+
+
 def produce_values(
     bootstrap: str,
     topic: str,
@@ -71,13 +81,11 @@ def produce_values(
     tail = set(last.values())
     for i, (partition, value) in enumerate(values):
         if i not in tail:
-            producer.produce(topic, value=value, key=str(i).encode(), partition=partition)
-            if i % 10_000 == 0:
-                producer.poll(0)
+            _produce(producer, topic, partition, str(i).encode(), value)
     producer.flush(60)
     for i in sorted(tail):
         partition, value = values[i]
-        producer.produce(topic, value=value, key=str(i).encode(), partition=partition)
+        _produce(producer, topic, partition, str(i).encode(), value)
         producer.flush(60)
     if transactional_id:
         producer.commit_transaction(30)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs the pipeline with spark-submit in local mode, from this project's folder.
+#   scripts/run_local.sh --env local --bootstrap-servers 127.0.0.1:9092 [--trigger processing-time]
+# Spark's Python workers import the package by name: they get src/ through PYTHONPATH and run
+# this same interpreter (PYSPARK_PYTHON), or they fail with "Python worker failed to connect back".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
+export PYSPARK_PYTHON="$PYTHON" PYSPARK_DRIVER_PYTHON="$PYTHON"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
+[ -x "$SPARK_SUBMIT" ] || SPARK_SUBMIT=spark-submit
+exec "$SPARK_SUBMIT" --master "${SPARK_MASTER:-local[2]}" \
+  --conf spark.ui.showConsoleProgress=false \
+  --driver-java-options "-Dlog4j2.configurationFile=file:$PWD/conf/log4j2.properties" \
+  src/{{ cookiecutter.package_name }}/main.py "$@"
