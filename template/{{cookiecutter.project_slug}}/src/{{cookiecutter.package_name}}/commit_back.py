@@ -30,6 +30,9 @@ class CommitBackStats:
     superseded: int
     last_committed_batch: int | None
     last_error: str | None
+    # Background time per successful group commit (request to broker answer), in ms.
+    mean_commit_ms: float
+    max_commit_ms: float
 
 
 class OffsetCommitter:
@@ -65,6 +68,8 @@ class OffsetCommitter:
         self._superseded = 0
         self._last_batch: int | None = None
         self._last_error: str | None = None
+        self._commit_ms_total = 0.0
+        self._commit_ms_max = 0.0
         self._consumer: Consumer | None = None
         self._attempt = 0
         self._outstanding: list[int] = []
@@ -92,6 +97,8 @@ class OffsetCommitter:
                 self._superseded,
                 self._last_batch,
                 self._last_error,
+                mean_commit_ms=self._commit_ms_total / self._succeeded if self._succeeded else 0.0,
+                max_commit_ms=self._commit_ms_max,
             )
 
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -129,12 +136,16 @@ class OffsetCommitter:
                 batch_id, offsets = self._pending
                 self._pending = None
                 self._busy = True
+            started = time.perf_counter()
             error = self._commit(offsets)
+            took_ms = (time.perf_counter() - started) * 1000
             with self._cond:
                 self._busy = False
                 if error is None:
                     self._succeeded += 1
                     self._last_batch = batch_id
+                    self._commit_ms_total += took_ms
+                    self._commit_ms_max = max(self._commit_ms_max, took_ms)
                 else:
                     self._failed += 1
                     self._last_error = error

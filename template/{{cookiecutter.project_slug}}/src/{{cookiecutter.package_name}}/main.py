@@ -121,13 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     stats = summary.commit_back
     log.info(
         "done: batches=%d replayed=%d rows=%d delta_version=%s commit_back_ok=%s "
-        "commit_back_failed=%s",
+        "commit_back_failed=%s commit_back_mean_ms=%s hook_mean_ms=%.3f",
         summary.batches,
         summary.replayed_batches,
         summary.rows_written,
         summary.last_delta_version,
         stats.succeeded if stats else "off",
         stats.failed if stats else "off",
+        f"{stats.mean_commit_ms:.1f}" if stats else "off",
+        sum(summary.commit_back_ms) / len(summary.commit_back_ms)
+        if summary.commit_back_ms
+        else 0.0,
     )
     return 0
 
