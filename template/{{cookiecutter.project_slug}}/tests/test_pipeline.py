@@ -216,3 +216,37 @@ def test_raw_kafka_columns_match_sparks_kafka_source(
     assert int(first["timestamp"].timestamp() * 1000) == 1_700_000_000_000
     assert first["headers"] == [{"key": "h", "value": b"x"}, {"key": "n", "value": None}]
     assert (second["key"], second["value"], second["headers"]) == (None, None, None)
+
+
+def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
+    spark,
+    kafka_bootstrap,
+    new_topics,
+    make_config,
+    tmp_path,
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 600)
+    cfg = make_config(topics, max_records_per_trigger=100)
+    other = cfg.with_overrides(checkpoint=str(tmp_path / "checkpoint-of-a-second-run"))
+    first, second = Pipeline(spark, cfg), Pipeline(spark, other)
+    # Both read the table's (empty) offsets before either commits: a real race.
+    queries = [first.start(), second.start()]
+    errors = []
+    for query in queries:
+        try:
+            query.awaitTermination()
+        except Exception as exc:  # the loser's query fails with the fencing message
+            errors.append(str(exc))
+    for pipeline in (first, second):
+        if pipeline.committer is not None:
+            pipeline.committer.close()
+
+    assert len(errors) == 1, errors
+    assert "does not start where the table ends" in errors[0]
+    ids = _ids(cfg)
+    assert set(ids) == set(range(600)) and max(ids.values()) == 1  # the winner ran to the end
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
+    assert stored is not None
+    assert stored.offsets == admin.latest(admin.partitions(topics))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetStore
-from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink
+from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink, FencingError
 from {{ cookiecutter.package_name }}.offsets import BatchCommit, parse_user_metadata
 
 
@@ -17,7 +18,7 @@ def _rows(*ids: int) -> pa.Table:
 
 
 def test_batch_lands_in_one_commit_with_data_txn_and_end_offsets(tmp_path: Path) -> None:
-    sink = DeltaRsSink(str(tmp_path / "t"))
+    sink = DeltaRsSink(str(tmp_path / "t"), "p")
     commit = BatchCommit("p", "p.q1", 0, {"orders": {0: 3, 1: 2}})
     result = sink.commit_batch(_rows(1, 2, 3), commit)
 
@@ -31,7 +32,7 @@ def test_batch_lands_in_one_commit_with_data_txn_and_end_offsets(tmp_path: Path)
 
 
 def test_replayed_batch_writes_nothing_and_still_reports_success(tmp_path: Path) -> None:
-    sink = DeltaRsSink(str(tmp_path / "t"))
+    sink = DeltaRsSink(str(tmp_path / "t"), "p")
     sink.commit_batch(_rows(1, 2), BatchCommit("p", "p.q1", 0, {"o": {0: 2}}))
     sink.commit_batch(_rows(3), BatchCommit("p", "p.q1", 1, {"o": {0: 3}}))
     version = DeltaTable(str(tmp_path / "t")).version()
@@ -46,7 +47,7 @@ def test_replayed_batch_writes_nothing_and_still_reports_success(tmp_path: Path)
 
 
 def test_new_checkpoint_app_id_restarting_at_batch_zero_is_written(tmp_path: Path) -> None:
-    sink = DeltaRsSink(str(tmp_path / "t"))
+    sink = DeltaRsSink(str(tmp_path / "t"), "p")
     for batch in range(3):
         sink.commit_batch(_rows(batch), BatchCommit("p", "p.old", batch, {"o": {0: batch + 1}}))
     result = sink.commit_batch(_rows(10), BatchCommit("p", "p.new", 0, {"o": {0: 4}}))
@@ -62,7 +63,7 @@ def test_new_checkpoint_app_id_restarting_at_batch_zero_is_written(tmp_path: Pat
 def test_empty_batch_still_commits_its_offsets(tmp_path: Path) -> None:
     # A batch of only transaction markers, or one the transform filters out entirely, must
     # still advance the stored offsets.
-    sink = DeltaRsSink(str(tmp_path / "t"))
+    sink = DeltaRsSink(str(tmp_path / "t"), "p")
     sink.commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
     result = sink.commit_batch(_rows(), BatchCommit("p", "p.q", 1, {"o": {0: 3}}))
     assert result.written and result.rows == 0
@@ -74,7 +75,7 @@ def test_offset_store_reads_this_pipelines_newest_offsets_past_other_writers(
     tmp_path: Path,
 ) -> None:
     uri = str(tmp_path / "t")
-    sink = DeltaRsSink(uri)
+    sink = DeltaRsSink(uri, "p")
     sink.commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
     sink.commit_batch(_rows(2), BatchCommit("p", "p.q", 1, {"o": {0: 2}}))
     sink.commit_batch(_rows(3), BatchCommit("other", "other.q", 5, {"o": {0: 50}}))
@@ -88,3 +89,45 @@ def test_offset_store_reads_this_pipelines_newest_offsets_past_other_writers(
     assert (stored.offsets, stored.batch_id, stored.delta_version) == ({"o": {0: 2}}, 1, 1)
     assert DeltaRsOffsetStore(uri, "nobody").read() is None
     assert DeltaRsOffsetStore(str(tmp_path / "missing"), "p").read() is None
+
+
+def test_second_run_of_a_pipeline_cannot_commit_over_the_first(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    run_a, run_b = DeltaRsSink(uri, "p"), DeltaRsSink(uri, "p")
+    # Both runs started from an empty table and planned the same records.
+    run_a.commit_batch(_rows(1, 2), BatchCommit("p", "p.run-a", 0, {"o": {0: 2}}), start={})
+    with pytest.raises(FencingError, match="does not start where the table ends"):
+        run_b.commit_batch(_rows(1, 2), BatchCommit("p", "p.run-b", 0, {"o": {0: 2}}), start={})
+    # The same holds later on: run B's next batch starts where run A has moved past.
+    run_a.commit_batch(_rows(3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), start={"o": {0: 2}})
+    with pytest.raises(FencingError, match=r"o\[0\] stored 3, batch starts at 2"):
+        run_b.commit_batch(
+            _rows(3), BatchCommit("p", "p.run-b", 1, {"o": {0: 3}}), start={"o": {0: 2}}
+        )
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
+
+
+def test_other_pipelines_and_writers_do_not_fence_each_other(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    orders, refunds = DeltaRsSink(uri, "orders"), DeltaRsSink(uri, "refunds")
+    orders.commit_batch(_rows(1), BatchCommit("orders", "orders.q", 0, {"o": {0: 1}}), start={})
+    refunds.commit_batch(_rows(10), BatchCommit("refunds", "refunds.q", 0, {"r": {0: 1}}), start={})
+    write_deltalake(uri, _rows(100), mode="append")
+    orders.commit_batch(
+        _rows(2), BatchCommit("orders", "orders.q", 1, {"o": {0: 2}}), start={"o": {0: 1}}
+    )
+    refunds.commit_batch(
+        _rows(11), BatchCommit("refunds", "refunds.q", 1, {"r": {0: 2}}), start={"r": {0: 1}}
+    )
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 10, 11, 100]
+
+
+def test_a_batch_starting_past_a_restored_table_is_refused(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    sink.commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 5}}), start={})
+    # The checkpoint says batch 1 starts at 9: offsets 5..8 would never reach the table.
+    with pytest.raises(FencingError, match=r"o\[0\] stored 5, batch starts at 9"):
+        DeltaRsSink(uri, "p").commit_batch(
+            _rows(2), BatchCommit("p", "p.q", 1, {"o": {0: 12}}), start={"o": {0: 9}}
+        )

@@ -12,6 +12,7 @@ One micro-batch (DESIGN.md section 3):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -102,7 +103,9 @@ class Pipeline:
         self.spark = spark
         self.config = config
         self.transform = transform
-        self.sink = DeltaRsSink(config.delta.table, config.delta.storage_options)
+        self.sink = DeltaRsSink(
+            config.delta.table, config.pipeline_id, config.delta.storage_options
+        )
         self.offset_store = DeltaRsOffsetStore(
             config.delta.table, config.pipeline_id, config.delta.storage_options
         )
@@ -110,10 +113,19 @@ class Pipeline:
         self.committer: OffsetCommitter | None = None
         self.summary = RunSummary()
         self._target: Offsets | None = None
+        # Offsets the table held when this run started: where batch 0 of a new checkpoint
+        # must begin ({} = nothing stored yet).
+        self._initial: Offsets = {}
         self._stop = threading.Event()
         self._query: StreamingQuery | None = None
 
     # -- set-up -----------------------------------------------------------------------------
+
+    @property
+    def query_name(self) -> str:
+        # One name per pipeline and checkpoint: Spark refuses two active queries of one name.
+        digest = hashlib.sha1(self.config.checkpoint.encode()).hexdigest()[:8]
+        return f"kafka-delta-{self.config.pipeline_id}-{digest}"
 
     def resume_point(self) -> StoredOffsets | None:
         """Stored offsets to start from when the checkpoint is new; checks the checkpoint
@@ -151,6 +163,7 @@ class Pipeline:
 
     def start(self) -> StreamingQuery:
         stored = self.resume_point()
+        self._initial = stored.offsets if stored is not None else {}
         if stored is None:
             log.info(
                 "no offsets of pipeline %r in %s; a new checkpoint starts at %s offsets",
@@ -178,7 +191,7 @@ class Pipeline:
             self.spark.readStream.format(SOURCE_NAME).options(**self.source_options(stored)).load()
         )
         writer = (
-            stream.writeStream.queryName(f"kafka-delta-{self.config.pipeline_id}")
+            stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
             .foreachBatch(self._process_batch)
         )
@@ -198,6 +211,13 @@ class Pipeline:
         query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
         return query_id or checkpoint_query_id(self.config.checkpoint) or ""
 
+    def _batch_start(self, batch_id: int) -> Offsets:
+        """Where the batch begins: the previous batch's planned end, or for batch 0 of a new
+        checkpoint the offsets the table held at start."""
+        if batch_id == 0:
+            return self._initial
+        return checkpoint_end_offsets(self.config.checkpoint, batch_id - 1)
+
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         end = checkpoint_end_offsets(self.config.checkpoint, batch_id)
@@ -211,7 +231,7 @@ class Pipeline:
             end_offsets=end,
         )
         data = self.transform(df).toArrow()
-        result = self.sink.commit_batch(data, commit)
+        result = self.sink.commit_batch(data, commit, start=self._batch_start(batch_id))
 
         hook_started = time.perf_counter()
         if self.committer is not None:
