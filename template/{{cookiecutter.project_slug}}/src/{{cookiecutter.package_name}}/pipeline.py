@@ -99,9 +99,14 @@ class Pipeline:
         spark: SparkSession,
         config: PipelineConfig,
         transform: Transform = default_transform,
+        *,
+        exactly_once: bool = True,
     ) -> None:
+        """``exactly_once=False`` turns off txn, stored offsets, fencing and commit-back; it
+        exists only so scripts/bench can measure what they cost."""
         self.spark = spark
         self.config = config
+        self.exactly_once = exactly_once
         self.transform = transform
         self.sink = DeltaRsSink(
             config.delta.table, config.pipeline_id, config.delta.storage_options
@@ -180,7 +185,7 @@ class Pipeline:
                 stored.delta_version,
                 stored.batch_id,
             )
-        if self.config.commit_back.enabled:
+        if self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
                 self.config.kafka.consumer_group,
@@ -231,7 +236,10 @@ class Pipeline:
             end_offsets=end,
         )
         data = self.transform(df).toArrow()
-        result = self.sink.commit_batch(data, commit, start=self._batch_start(batch_id))
+        if self.exactly_once:
+            result = self.sink.commit_batch(data, commit, start=self._batch_start(batch_id))
+        else:
+            result = self.sink.append_unprotected(data)
 
         hook_started = time.perf_counter()
         if self.committer is not None:

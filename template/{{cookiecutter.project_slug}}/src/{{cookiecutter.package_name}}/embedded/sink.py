@@ -122,6 +122,19 @@ class DeltaRsSink:
         self._known = (version, stored)
         return stored
 
+    def append_unprotected(self, data: pa.Table) -> SinkResult:
+        """Plain append: no txn, no offsets, no fencing. Only for measuring what the
+        exactly-once machinery costs (scripts/bench); a pipeline never uses it."""
+        table = self._table()
+        write_deltalake(
+            table if table is not None else self.table_uri,
+            data,
+            mode="append",
+            storage_options=self.storage_options or None,
+        )
+        version = (table or self._table()).version()  # type: ignore[union-attr]
+        return SinkResult(written=True, rows=data.num_rows, delta_version=version)
+
     def commit_batch(
         self, data: pa.Table, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
