@@ -94,3 +94,72 @@ def make_config(tmp_path: Path, kafka_bootstrap: str) -> Callable[..., PipelineC
         )
 
     return make
+
+
+class TcpProxy:
+    """A loopback TCP forwarder that can be down (connections refused) or up: stands in for
+    an unreachable broker or group coordinator."""
+
+    def __init__(self, target: str) -> None:
+        import socket
+
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server: object | None = None
+        self._sockets: list[object] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import socket
+        import threading
+
+        server = socket.create_server(("127.0.0.1", self.port))
+        self._server = server
+
+        def pump(src: socket.socket, dst: socket.socket) -> None:
+            try:
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (src, dst):
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+
+        def accept() -> None:
+            while True:
+                try:
+                    client, _ = server.accept()
+                except OSError:
+                    return
+                upstream = socket.create_connection(self.target)
+                self._sockets += [client, upstream]
+                threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def stop(self) -> None:
+        for sock in [self._server, *self._sockets]:
+            if sock is not None:
+                try:
+                    sock.close()  # type: ignore[attr-defined]
+                except OSError:
+                    pass
+        self._server, self._sockets = None, []
+
+
+@pytest.fixture
+def tcp_proxy(kafka_bootstrap: str) -> Iterator[TcpProxy]:
+    proxy = TcpProxy(kafka_bootstrap.split(",")[0])
+    yield proxy
+    proxy.stop()

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from {{ cookiecutter.package_name }}.embedded.source import cap_offsets, split_ranges
+from {{ cookiecutter.package_name }}.embedded.source import (
+    DataLossError,
+    KafkaStreamReader,
+    cap_offsets,
+    split_ranges,
+)
+from {{ cookiecutter.package_name }}.kafka_admin import Watermarks
 from {{ cookiecutter.package_name }}.offsets import (
     BatchCommit,
     app_id,
@@ -79,3 +85,31 @@ def test_ranges_are_split_so_every_core_gets_work() -> None:
     assert ranges[0][2] == 0 and ranges[-1][3] == 1000
     assert all(a[3] == b[2] for a, b in itertools.pairwise(ranges))  # contiguous, no overlap
     assert split_ranges({"t": {0: 5}}, {"t": {0: 5}}, 4) == []
+
+
+def _reader(**options: str) -> KafkaStreamReader:
+    return KafkaStreamReader(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", **options}
+    )
+
+
+def test_positions_below_the_earliest_offset_fail_naming_topic_partition_and_both_offsets() -> None:
+    # Retention deleted t[0] up to offset 100 while the table says the pipeline is at 40.
+    # (The two brokers available to CI, Tansu and librdkafka's mock, implement neither
+    # retention nor DeleteRecords, so this guard is exercised on watermarks directly.)
+    marks = Watermarks(earliest={"t": {0: 100, 1: 0}}, latest={"t": {0: 200, 1: 50}})
+    with pytest.raises(
+        DataLossError, match=r"t\[0\] needs offset 40 but the earliest available is 100"
+    ):
+        _reader()._guard_data_loss({"t": {0: 40, 1: 10}}, marks)
+
+
+def test_with_skipping_allowed_lost_positions_are_logged_and_restarted(caplog) -> None:
+    marks = Watermarks(earliest={"t": {0: 100, 1: 0}}, latest={"t": {0: 200, 1: 5}})
+    reader = _reader(failOnDataLoss="false")
+    with caplog.at_level("WARNING"):
+        adjusted = reader._guard_data_loss({"t": {0: 40, 1: 10}}, marks)
+    # Below earliest: skipped ahead when the batch is planned; past latest: from earliest.
+    assert adjusted == {"t": {0: 40, 1: 0}}
+    assert "t[0] needs offset 40 but the earliest available is 100" in caplog.text
+    assert "t[1] needs offset 10 but the latest is 5" in caplog.text

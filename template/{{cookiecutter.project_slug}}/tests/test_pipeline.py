@@ -250,3 +250,161 @@ def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
     stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
     assert stored is not None
     assert stored.offsets == admin.latest(admin.partitions(topics))
+
+
+def _produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 4_000_000})
+    for i, value in enumerate(values):
+        producer.produce(topic, key=f"k{i}".encode(), value=value, partition=0)
+        producer.flush(10)  # one record per broker batch: exact watermarks on Tansu too
+
+
+BAD_VALUES: list[bytes | None] = [
+    b"not json",
+    b'{"id": 7, "event_ty',
+    None,
+    b'{"id": "seven"}',
+    b'{"id": 8, "pad": "' + b"x" * 1_200_000 + b'"}',
+]
+
+
+def test_bad_records_go_to_the_dead_letter_table_once_and_never_half_parsed_to_the_table(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    good = [event(i, random.Random(i)) for i in range(6)]
+    values = [good[0], *BAD_VALUES[:2], good[1], good[2], *BAD_VALUES[2:], *good[3:]]
+    _produce_raw(kafka_bootstrap, topic, values)
+    cfg = make_config([topic], max_records_per_trigger=4)
+
+    summary = _run(spark, cfg)
+    assert summary.dead_letters == len(BAD_VALUES)
+
+    table = DeltaTable(cfg.delta.table).to_pyarrow_table()
+    assert sorted(table["id"].to_pylist()) == list(range(6))
+    assert "_error" not in table.column_names
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().sort_by("offset")
+    assert dead.column_names == [
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "key",
+        "value",
+        "error",
+    ]
+    bad_offsets = [1, 2, 5, 6, 7]
+    assert dead["offset"].to_pylist() == bad_offsets
+    assert dead["value"].to_pylist() == BAD_VALUES
+    assert dead["key"].to_pylist() == [f"k{o}".encode() for o in bad_offsets]
+    assert all(dead["error"].to_pylist()) and all(
+        t is not None for t in dead["timestamp"].to_pylist()
+    )
+
+    # A new checkpoint resumes after the stored offsets: no bad record is dead-lettered twice.
+    shutil.rmtree(cfg.checkpoint)
+    summary = _run(spark, cfg)
+    assert summary.rows_written == 0 and summary.dead_letters == 0
+    assert DeltaTable(cfg.dead_letter_table).to_pyarrow_table().num_rows == len(BAD_VALUES)
+    _assert_offsets_agree(cfg)
+
+
+def test_replayed_batch_with_dead_letters_adds_nothing_to_either_table(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    _produce_raw(
+        kafka_bootstrap, topic, [event(1, random.Random(1)), b"oops", event(2, random.Random(2))]
+    )
+    cfg = make_config([topic])
+    _run(spark, cfg)
+    versions = (DeltaTable(cfg.delta.table).version(), DeltaTable(cfg.dead_letter_table).version())
+
+    last = _last_batch(cfg)
+    for entry in (str(last), f".{last}.crc"):
+        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
+    summary = _run(spark, cfg)
+
+    assert summary.replayed_batches == 1
+    assert (
+        DeltaTable(cfg.delta.table).version(),
+        DeltaTable(cfg.dead_letter_table).version(),
+    ) == versions
+    assert DeltaTable(cfg.dead_letter_table).to_pyarrow_table()["value"].to_pylist() == [b"oops"]
+
+
+def test_with_dead_letters_off_a_bad_record_stops_the_pipeline_before_any_commit(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    _produce_raw(kafka_bootstrap, topic, [event(1, random.Random(1)), b"{broken"])
+    cfg = make_config([topic]).with_overrides(**{"dead_letters.enabled": False})
+
+    with pytest.raises(Exception, match=r"offset 1: malformed JSON.*dead_letters.enabled: false"):
+        _run(spark, cfg)
+    assert not Path(cfg.delta.table).exists()
+
+
+def test_offsets_kafka_no_longer_has_stop_the_pipeline_unless_skipping_is_allowed(
+    spark, kafka_bootstrap, new_topics, make_config, caplog
+) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from {{ cookiecutter.package_name }}.devtools.produce import ensure_topics
+
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 50)
+    cfg = make_config([topic])
+    _run(spark, cfg)
+    # The topic is deleted and recreated with fewer records: stored offset 50 is gone.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_topics([topic]).values():
+        future.result()
+    ensure_topics(kafka_bootstrap, [topic], 1)
+    produce_events(kafka_bootstrap, [topic], 20, first_id=1000)
+    shutil.rmtree(cfg.checkpoint)  # resume from the offsets stored in the table
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(Exception, match=rf"{topic}\[0\] needs offset 50 but the latest is 20"):
+        _run(spark, cfg)
+    assert DeltaTable(cfg.delta.table).version() == version  # nothing written
+
+    shutil.rmtree(cfg.checkpoint, ignore_errors=True)
+    skipping = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    summary = _run(spark, skipping)
+    assert summary.rows_written == 20  # the recreated topic, read from its beginning
+    assert sorted(_ids(cfg))[-20:] == list(range(1000, 1020))
+
+
+def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
+    spark, kafka_bootstrap, new_topics, make_config, tcp_proxy
+) -> None:
+    from {{ cookiecutter.package_name }}.commit_back import OffsetCommitter
+
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, max_records_per_trigger=100)
+
+    def committer() -> OffsetCommitter:  # the hook reaches Kafka only through the proxy
+        return OffsetCommitter(
+            {"bootstrap.servers": tcp_proxy.address}, cfg.kafka.consumer_group, timeout_s=1.0
+        )
+
+    down = _run_with(spark, cfg, committer())
+    assert down.rows_written == 300 and down.batches >= 3  # every batch committed to Delta
+    assert down.commit_back is not None
+    assert down.commit_back.succeeded == 0 and down.commit_back.failed >= 1
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    assert admin.committed(cfg.kafka.consumer_group, admin.partitions(topics)) == {}
+
+    tcp_proxy.start()  # the coordinator is back
+    produce_events(kafka_bootstrap, topics, 100, first_id=300)
+    up = _run_with(spark, cfg, committer())
+    assert up.commit_back is not None and up.commit_back.failed == 0
+    _assert_offsets_agree(cfg)
+    ids = _ids(cfg)
+    assert set(ids) == set(range(400)) and max(ids.values()) == 1
+
+
+def _run_with(spark, cfg: PipelineConfig, committer) -> RunSummary:
+    return Pipeline(spark, cfg, committer=committer).run()

@@ -8,7 +8,12 @@ from chispa import assert_df_equality
 from pyspark.sql import types as T
 
 from {{ cookiecutter.package_name }}.embedded.source import SCHEMA
-from {{ cookiecutter.package_name }}.transform import EVENT_SCHEMA, parse_json_values, transform
+from {{ cookiecutter.package_name }}.transform import (
+    DEAD_LETTER_COLUMN,
+    EVENT_SCHEMA,
+    parse_json_values,
+    transform,
+)
 
 KAFKA_TS = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -29,6 +34,7 @@ def _expected(spark, rows):
             T.StructField("partition", T.IntegerType()),
             T.StructField("offset", T.LongType()),
             T.StructField("kafka_timestamp", T.TimestampType()),
+            T.StructField(DEAD_LETTER_COLUMN, T.StringType()),
         ]
     )
     return spark.createDataFrame(rows, schema)
@@ -55,6 +61,7 @@ def test_transform_parses_json_events_into_typed_columns(spark) -> None:
                 0,
                 0,
                 KAFKA_TS,
+                None,
             ),
             (
                 2,
@@ -65,20 +72,46 @@ def test_transform_parses_json_events_into_typed_columns(spark) -> None:
                 0,
                 1,
                 KAFKA_TS,
+                None,
             ),
         ],
     )
     assert_df_equality(transform(df), expected, ignore_row_order=True, ignore_nullable=True)
 
 
-def test_transform_keeps_unparseable_fields_as_nulls_with_their_kafka_position(spark) -> None:
-    df = _kafka_rows(spark, ['{"id": "not-a-number", "event_type": "paid"}', "not json", None])
+def test_transform_marks_every_kind_of_bad_record_as_a_dead_letter(spark) -> None:
+    malformed = "malformed JSON, or a field of the wrong type"
+    oversized = '{"id": 9, "pad": "' + "x" * (1024 * 1024) + '"}'
+    df = _kafka_rows(
+        spark,
+        [
+            '{"id": "not-a-number", "event_type": "paid"}',  # wrong type
+            "not json",  # malformed
+            '{"id": 7, "event_ty',  # truncated
+            None,  # null value (a tombstone)
+            '{"event_type": "paid"}',  # required id missing
+            oversized,  # larger than the cap
+        ],
+    )
     expected = _expected(
         spark,
         [
-            (None, "paid", None, None, "orders", 0, 0, KAFKA_TS),
-            (None, None, None, None, "orders", 0, 1, KAFKA_TS),
-            (None, None, None, None, "orders", 0, 2, KAFKA_TS),
+            (None, "paid", None, None, "orders", 0, 0, KAFKA_TS, malformed),
+            (None, None, None, None, "orders", 0, 1, KAFKA_TS, malformed),
+            (None, None, None, None, "orders", 0, 2, KAFKA_TS, malformed),
+            (None, None, None, None, "orders", 0, 3, KAFKA_TS, "value is null"),
+            (None, "paid", None, None, "orders", 0, 4, KAFKA_TS, "required field 'id' is missing"),
+            (
+                None,
+                None,
+                None,
+                None,
+                "orders",
+                0,
+                5,
+                KAFKA_TS,
+                f"value of {len(oversized)} bytes exceeds 1048576",
+            ),
         ],
     )
     assert_df_equality(transform(df), expected, ignore_row_order=True, ignore_nullable=True)
@@ -88,7 +121,8 @@ def test_parse_json_values_is_a_reusable_transform_factory(spark) -> None:
     schema = T.StructType([T.StructField("sku", T.StringType())])
     df = _kafka_rows(spark, ['{"sku": "A-1", "ignored": true}'])
     expected = spark.createDataFrame(
-        [("A-1", "orders", 0, 0, KAFKA_TS)],
-        "sku string, topic string, partition int, offset long, kafka_timestamp timestamp",
+        [("A-1", "orders", 0, 0, KAFKA_TS, None)],
+        "sku string, topic string, partition int, offset long, kafka_timestamp timestamp, "
+        "_error string",
     )
     assert_df_equality(df.transform(parse_json_values(schema)), expected, ignore_nullable=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from .faults import crash_point
 from .offsets import Offsets, offsets_to_json
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class OffsetCommitter:
 
     def _commit(self, offsets: Offsets) -> str | None:
         """Commit and wait for the broker's answer, at most ``timeout_s``; the error or None."""
+        crash_point("in_commit_back")
         try:
             if self._consumer is None:
                 self._consumer = Consumer({**self._conf, "on_commit": self._on_commit})

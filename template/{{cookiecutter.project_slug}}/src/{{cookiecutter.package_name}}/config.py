@@ -80,6 +80,13 @@ class DeltaConfig(_Model):
     storage_options: dict[str, str] = Field(default_factory=dict)
 
 
+class DeadLetterConfig(_Model):
+    # Records the transform marks with `_error` go to this second Delta table. Off: such a
+    # record stops the pipeline instead (nothing is dropped silently either way).
+    enabled: bool = True
+    table: str | None = None
+
+
 class TriggerConfig(_Model):
     mode: Literal["available_now", "processing_time"] = "available_now"
     interval_seconds: float = Field(default=10.0, gt=0)
@@ -101,6 +108,7 @@ class PipelineConfig(_Model):
     kafka: KafkaConfig
     delta: DeltaConfig
     checkpoint: str = Field(min_length=1)
+    dead_letters: DeadLetterConfig = DeadLetterConfig()
     trigger: TriggerConfig = TriggerConfig()
     commit_back: CommitBackConfig = CommitBackConfig()
     spark: SparkConfig = SparkConfig()
@@ -114,6 +122,13 @@ class PipelineConfig(_Model):
                 "'.', '_' or '-' (at most 128 characters)"
             )
         return value
+
+    @property
+    def dead_letter_table(self) -> str | None:
+        """Where dead letters go: the configured table, else ``<table>_dead_letters``."""
+        if not self.dead_letters.enabled:
+            return None
+        return self.dead_letters.table or f"{self.delta.table.rstrip('/')}_dead_letters"
 
     def with_overrides(self, **overrides: Any) -> PipelineConfig:
         """Return a copy with dotted-key overrides applied, validated like the file.

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from .commit_back import CommitBackStats, OffsetCommitter
@@ -30,8 +33,10 @@ from .config import PipelineConfig
 from .embedded.offset_store import DeltaRsOffsetStore
 from .embedded.sink import DeltaRsSink
 from .embedded.source import SOURCE_NAME, KafkaDataSource
+from .faults import crash_point
 from .kafka_admin import KafkaAdmin, total_lag
 from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, offsets_from_json, total_records
+from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
 log = logging.getLogger(__name__)
@@ -43,11 +48,60 @@ class CheckpointMismatchError(RuntimeError):
     """The Spark checkpoint and the Delta table disagree in a way that would lose data."""
 
 
+class DeadLetterError(RuntimeError):
+    """A record cannot be processed and dead letters are disabled."""
+
+
+DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
+
+
+def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """(rows for the table without the ``_error`` column, rows marked as dead letters)."""
+    if DEAD_LETTER_COLUMN not in data.column_names:
+        return data, None
+    marked = pc.is_valid(data.column(DEAD_LETTER_COLUMN))
+    good = data.filter(pc.invert(marked)).drop_columns([DEAD_LETTER_COLUMN])
+    if not pc.any(marked).as_py():
+        return good, None
+    missing = {"topic", "partition", "offset"} - set(data.column_names)
+    if missing:
+        raise DeadLetterError(
+            f"the transform marked rows with {DEAD_LETTER_COLUMN} but dropped {sorted(missing)}; "
+            "dead letters need the Kafka position to find the original record"
+        )
+    dead = data.filter(marked).select(["topic", "partition", "offset", DEAD_LETTER_COLUMN])
+    return good, dead
+
+
+def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
+    """The original Kafka records of the dead letters, with their error.
+
+    Only the marked positions are looked up again in the batch's input (its offset ranges
+    are fixed, so the records are the same), which costs nothing when no record is bad.
+    """
+    spark = df.sparkSession
+    positions = spark.createDataFrame(
+        dead.select(["topic", "partition", "offset"]).to_pylist(),
+        "topic string, partition int, offset long",
+    )
+    originals = (
+        df.join(F.broadcast(positions), ["topic", "partition", "offset"], "left_semi")
+        .select(*DEAD_LETTER_KAFKA_COLUMNS)
+        .toArrow()
+    )
+    errors = dead.rename_columns(["topic", "partition", "offset", "error"])
+    joined = originals.join(errors, ["topic", "partition", "offset"], join_type="inner")
+    return joined.select([*DEAD_LETTER_KAFKA_COLUMNS, "error"]).sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+    )
+
+
 @dataclass
 class RunSummary:
     batches: int = 0
     replayed_batches: int = 0
     rows_written: int = 0
+    dead_letters: int = 0
     last_delta_version: int | None = None
     end_offsets: Offsets = field(default_factory=dict)
     commit_back: CommitBackStats | None = None
@@ -101,6 +155,7 @@ class Pipeline:
         transform: Transform = default_transform,
         *,
         exactly_once: bool = True,
+        committer: OffsetCommitter | None = None,
     ) -> None:
         """``exactly_once=False`` turns off txn, stored offsets, fencing and commit-back; it
         exists only so scripts/bench can measure what they cost."""
@@ -114,8 +169,14 @@ class Pipeline:
         self.offset_store = DeltaRsOffsetStore(
             config.delta.table, config.pipeline_id, config.delta.storage_options
         )
+        dead_letter_table = config.dead_letter_table
+        self.dead_letter_sink = (
+            DeltaRsSink(dead_letter_table, config.pipeline_id, config.delta.storage_options)
+            if dead_letter_table
+            else None
+        )
         self.admin = KafkaAdmin(config.kafka.client_config())
-        self.committer: OffsetCommitter | None = None
+        self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
         self._target: Offsets | None = None
         # Offsets the table held when this run started: where batch 0 of a new checkpoint
@@ -185,12 +246,16 @@ class Pipeline:
                 stored.delta_version,
                 stored.batch_id,
             )
-        if self.config.commit_back.enabled and self.exactly_once:
+        if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
                 self.config.kafka.consumer_group,
                 timeout_s=self.config.commit_back.timeout_seconds,
             )
+        if self.committer is not None and stored is not None:
+            # Align the group with the table at once: after a run whose commit-back failed,
+            # lag tools are right again before the first new batch.
+            self.committer.submit(stored.batch_id, stored.offsets)
         self.spark.dataSource.register(KafkaDataSource)
         stream = (
             self.spark.readStream.format(SOURCE_NAME).options(**self.source_options(stored)).load()
@@ -216,6 +281,28 @@ class Pipeline:
         query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
         return query_id or checkpoint_query_id(self.config.checkpoint) or ""
 
+    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:
+        """Commit the batch's dead letters, idempotently and before the main commit, so a
+        crash between the two never loses a bad record (a replay finds them committed)."""
+        if self.dead_letter_sink is None:
+            first = dead.slice(0, 1).to_pylist()[0]
+            raise DeadLetterError(
+                f"{dead.num_rows} record(s) of batch {commit.batch_id} cannot be processed, "
+                f"first {first['topic']}[{first['partition']}] offset {first['offset']}: "
+                f"{first[DEAD_LETTER_COLUMN]}. Dead letters are disabled "
+                "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
+            )
+        records = dead_letter_records(df, dead)
+        result = self.dead_letter_sink.commit_batch(records, commit)
+        log.warning(
+            "batch %d: %d record(s) sent to the dead-letter table %s%s",
+            commit.batch_id,
+            dead.num_rows,
+            self.dead_letter_sink.table_uri,
+            "" if result.written else " (already there: replay)",
+        )
+        crash_point("after_dead_letters")
+
     def _batch_start(self, batch_id: int) -> Offsets:
         """Where the batch begins: the previous batch's planned end, or for batch 0 of a new
         checkpoint the offsets the table held at start."""
@@ -236,10 +323,16 @@ class Pipeline:
             end_offsets=end,
         )
         data = self.transform(df).toArrow()
+        data, dead = split_dead_letters(data)
+        if dead is not None:
+            self._dead_letters(df, dead, commit)
+            self.summary.dead_letters += dead.num_rows
+        crash_point("before_delta_commit")
         if self.exactly_once:
             result = self.sink.commit_batch(data, commit, start=self._batch_start(batch_id))
         else:
             result = self.sink.append_unprotected(data)
+        crash_point("after_delta_commit")
 
         hook_started = time.perf_counter()
         if self.committer is not None:

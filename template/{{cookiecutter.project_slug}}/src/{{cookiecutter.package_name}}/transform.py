@@ -4,6 +4,11 @@ Replace :func:`transform` with yours. It receives the Kafka columns (key, value,
 partition, offset, timestamp, timestampType, headers) and returns the rows to append to the
 Delta table. Keep it free of side effects: a batch may be re-run after a crash, and exactly-once
 relies on the same input giving the same output.
+
+Dead letters: a row whose ``_error`` column (:data:`DEAD_LETTER_COLUMN`) is not null is not
+appended to the table. The pipeline writes the original Kafka record (topic, partition,
+offset, timestamp, key, value) with that error to the dead-letter table instead, so such rows
+must keep ``topic``, ``partition`` and ``offset``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+DEAD_LETTER_COLUMN = "_error"
+
+# A value larger than this is a dead letter, not an attempt to parse megabytes of JSON.
+MAX_VALUE_BYTES = 1024 * 1024
+
 EVENT_SCHEMA = StructType(
     [
         StructField("id", LongType()),
@@ -30,27 +40,60 @@ EVENT_SCHEMA = StructType(
     ]
 )
 
+_CORRUPT = "_corrupt_record"
 
-def parse_json_values(schema: StructType) -> Callable[[DataFrame], DataFrame]:
+
+def parse_json_values(
+    schema: StructType, required: tuple[str, ...] = (), max_value_bytes: int = MAX_VALUE_BYTES
+) -> Callable[[DataFrame], DataFrame]:
     """Factory: parse the Kafka ``value`` as JSON of ``schema`` into top-level typed columns,
-    keeping where each record came from (topic, partition, offset, Kafka timestamp).
+    keeping where each record came from (topic, partition, offset, Kafka timestamp), and set
+    ``_error`` for records that cannot be parsed: null or oversized values, malformed or
+    truncated JSON, a field of the wrong type, a missing required field.
 
-    >>> df.transform(parse_json_values(EVENT_SCHEMA))  # doctest: +SKIP
+    >>> df.transform(parse_json_values(EVENT_SCHEMA, required=("id",)))  # doctest: +SKIP
     """
+    with_corrupt = StructType([*schema.fields, StructField(_CORRUPT, StringType())])
 
     def _parse(df: DataFrame) -> DataFrame:
-        parsed = F.from_json(F.col("value").cast("string"), schema)
+        size = F.octet_length(F.col("value"))
+        parsed = F.from_json(
+            F.col("value").cast("string"),
+            with_corrupt,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
+        )
+        event = F.col("event")
+        error = F.when(F.col("value").isNull(), F.lit("value is null"))
+        error = error.when(
+            size > max_value_bytes,
+            F.concat(
+                F.lit("value of "), size.cast("string"), F.lit(f" bytes exceeds {max_value_bytes}")
+            ),
+        )
+        error = error.when(
+            event[_CORRUPT].isNotNull(), F.lit("malformed JSON, or a field of the wrong type")
+        )
+        for name in required:
+            error = error.when(event[name].isNull(), F.lit(f"required field {name!r} is missing"))
         return df.select(
-            parsed.alias("event"),
-            F.col("topic"),
-            F.col("partition"),
-            F.col("offset"),
+            F.when(size <= max_value_bytes, parsed).alias("event"),
+            "topic",
+            "partition",
+            "offset",
             F.col("timestamp").alias("kafka_timestamp"),
-        ).select("event.*", "topic", "partition", "offset", "kafka_timestamp")
+            "value",
+        ).select(
+            *(F.col(f"event.{f.name}").alias(f.name) for f in schema.fields),
+            "topic",
+            "partition",
+            "offset",
+            "kafka_timestamp",
+            error.alias(DEAD_LETTER_COLUMN),
+        )
 
     return _parse
 
 
 def transform(df: DataFrame) -> DataFrame:
-    """Sample transform: JSON order events into typed columns."""
-    return df.transform(parse_json_values(EVENT_SCHEMA))
+    """Sample transform: JSON order events into typed columns; ``id`` is required."""
+    return df.transform(parse_json_values(EVENT_SCHEMA, required=("id",)))

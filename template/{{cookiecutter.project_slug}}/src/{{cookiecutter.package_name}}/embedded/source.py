@@ -37,7 +37,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..kafka_admin import KafkaAdmin
+from ..faults import crash_point
+from ..kafka_admin import KafkaAdmin, Watermarks
 from ..offsets import Offsets, offsets_from_json, offsets_to_json
 
 log = logging.getLogger(__name__)
@@ -220,8 +221,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             t: {p: stored.get(t, {}).get(p, default[t][p]) for p in parts}
             for t, parts in partitions.items()
         }
-        self._check_available(start, marks.earliest)
-        return offsets_to_json(start)
+        return offsets_to_json(self._guard_data_loss(start, marks))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger:
@@ -243,7 +243,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             t: {p: begin.get(t, {}).get(p, marks.earliest[t][p]) for p in parts}
             for t, parts in partitions.items()
         }
-        self._check_available(begin, marks.earliest)
+        guarded = self._guard_data_loss(begin, marks)
+        # A partition restarted at its earliest offset (topic recreated) ends this batch
+        # there, so the next batch reads the new topic from its beginning.
+        restarted = {
+            (t, p): o for t, parts in guarded.items() for p, o in parts.items() if o != begin[t][p]
+        }
+        begin = guarded
         latest = marks.latest
         if self._target is not None:
             # availableNow: never past the offsets seen when the run started.
@@ -259,29 +265,46 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         }
         if isinstance(limit, ReadMaxRows):
             latest = cap_offsets(begin, latest, limit.max_rows)
+        for (t, p), o in restarted.items():
+            latest[t][p] = o
         return offsets_to_json(latest)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return offsets_to_json(self._latest) if self._latest is not None else None
 
-    def _check_available(self, positions: Offsets, earliest: Offsets) -> None:
-        lost = [
-            (t, p, o, earliest[t][p])
-            for t, parts in positions.items()
-            for p, o in parts.items()
-            if p in earliest.get(t, {}) and o < earliest[t][p]
-        ]
+    def _guard_data_loss(self, positions: Offsets, marks: Watermarks) -> Offsets:
+        """Positions the pipeline needs that Kafka no longer has (I5): below the earliest
+        available offset (retention, deleted records) or past the latest (the topic was
+        deleted and recreated). Fails unless fail_on_data_loss is off; then a position past
+        the latest restarts at the earliest offset, and one below the earliest is skipped
+        ahead when the batch is planned. Either way, what is skipped is logged."""
+        lost = []
+        adjusted = {t: dict(parts) for t, parts in positions.items()}
+        for t, parts in positions.items():
+            for p, o in parts.items():
+                lo = marks.earliest.get(t, {}).get(p)
+                hi = marks.latest.get(t, {}).get(p)
+                if lo is not None and o < lo:
+                    lost.append(
+                        f"{t}[{p}] needs offset {o} but the earliest available is {lo} "
+                        f"({lo - o} records deleted before they were read)"
+                    )
+                elif hi is not None and o > hi:
+                    lost.append(
+                        f"{t}[{p}] needs offset {o} but the latest is {hi} (the topic was "
+                        "deleted and recreated, or truncated)"
+                    )
+                    adjusted[t][p] = lo if lo is not None else 0
         if not lost:
-            return
-        detail = "; ".join(
-            f"{t}[{p}] needs offset {o} but the earliest available is {e}" for t, p, o, e in lost
-        )
+            return positions
+        detail = "; ".join(lost)
         if self.options.fail_on_data_loss:
             raise DataLossError(
-                f"records were deleted from Kafka before the pipeline read them: {detail}. "
-                "Set kafka.fail_on_data_loss: false to skip ahead to the earliest offsets."
+                f"Kafka no longer has records the pipeline has not read: {detail}. Nothing was "
+                "written. To skip them, set kafka.fail_on_data_loss: false and restart."
             )
         log.warning("fail_on_data_loss is off; skipping records no longer in Kafka: %s", detail)
+        return adjusted
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, stop = offsets_from_json(start), offsets_from_json(end)
@@ -316,32 +339,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin = None
 
 
-# One consumer per executor Python worker and client config: workers are reused across tasks
-# (spark.python.worker.reuse), so connections and metadata survive from batch to batch.
-_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
-
-
 def _consumer(client_config: tuple[tuple[str, str], ...]) -> Any:
+    """A consumer for one read task, closed when the task ends.
+
+    Consumers are deliberately not kept across tasks: a consumer that outlives a topic's
+    deletion and re-creation crashed its Python worker (librdkafka 2.16 on Tansu 0.6, seen in
+    the data-loss test); a new consumer per task costs a few milliseconds.
+    """
     from confluent_kafka import Consumer
 
-    consumer = _CONSUMERS.get(client_config)
-    if consumer is None:
-        conf = dict(client_config)
-        conf.update(
-            {
-                # Never part of a group: offsets come from the plan, and the group is written
-                # only by the commit-back hook.
-                "group.id": conf.get("group.id", "kafka-delta-embedded-reader"),
-                "enable.auto.commit": "false",
-                "enable.auto.offset.store": "false",
-                "enable.partition.eof": "true",
-                # Out-of-range must surface as an error, never as a silent reset.
-                "auto.offset.reset": "error",
-            }
-        )
-        consumer = Consumer(conf)
-        _CONSUMERS[client_config] = consumer
-    return consumer
+    conf = dict(client_config)
+    conf.update(
+        {
+            # Never part of a group: offsets come from the plan, and the group is written
+            # only by the commit-back hook.
+            "group.id": conf.get("group.id", "kafka-delta-embedded-reader"),
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+            "enable.partition.eof": "true",
+            # Out-of-range must surface as an error, never as a silent reset.
+            "auto.offset.reset": "error",
+        }
+    )
+    return Consumer(conf)
 
 
 def _to_batch(rows: dict[str, list[Any]]) -> pa.RecordBatch:
@@ -380,6 +400,7 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
                     )
                 continue
             deadline = time.monotonic() + task.poll_timeout_ms / 1000
+            crash_point("mid_read")
             for msg in messages:
                 err = msg.error()
                 if err is not None:
@@ -415,7 +436,7 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
         if rows["offset"]:
             yield _to_batch(rows)
     finally:
-        consumer.unassign()
+        consumer.close()
 
 
 class KafkaDataSource(DataSource):

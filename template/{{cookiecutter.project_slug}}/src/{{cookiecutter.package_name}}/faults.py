@@ -1,0 +1,46 @@
+"""Named crash points, for fault-injection tests only (scripts/chaos, the I1 tests).
+
+When the environment variable ``KAFKA_DELTA_CRASH_AT`` names a point, the process group of
+the pipeline (driver, JVM and Python workers) is killed with SIGKILL the moment execution
+reaches it, after ``KAFKA_DELTA_CRASH_AFTER`` earlier passes (default 0). Unset, every point
+is a no-op costing one comparison. The harness starts the pipeline in its own session, so the
+kill never reaches the harness.
+
+Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
+``after_dead_letters`` (dead letters committed, main commit not yet), ``after_delta_commit``
+(the batch is in Delta; Spark has not recorded it), ``in_commit_back`` (the hook is about to
+commit to the group).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = frozenset(
+    {
+        "mid_read",
+        "before_delta_commit",
+        "after_dead_letters",
+        "after_delta_commit",
+        "in_commit_back",
+    }
+)
+
+# Read once at import: library code otherwise never looks at the environment.
+_TARGET = os.environ.get("KAFKA_DELTA_CRASH_AT") or None
+_SKIP = int(os.environ.get("KAFKA_DELTA_CRASH_AFTER", "0") or 0)
+_passes = 0
+
+if _TARGET is not None and _TARGET not in POINTS:
+    raise ValueError(f"KAFKA_DELTA_CRASH_AT={_TARGET!r} is not one of {sorted(POINTS)}")
+
+
+def crash_point(name: str) -> None:
+    """Kill the whole pipeline here if the test environment asks for it."""
+    global _passes
+    if _TARGET != name:
+        return
+    _passes += 1
+    if _passes > _SKIP:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
