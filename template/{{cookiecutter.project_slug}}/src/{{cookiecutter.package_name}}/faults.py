@@ -1,10 +1,11 @@
 """Named crash points, for fault-injection tests only (scripts/chaos, the I1 tests).
 
-When the environment variable ``KAFKA_DELTA_CRASH_AT`` names a point, the process group of
-the pipeline (driver, JVM and Python workers) is killed with SIGKILL the moment execution
-reaches it, after ``KAFKA_DELTA_CRASH_AFTER`` earlier passes (default 0). Unset, every point
-is a no-op costing one comparison. The harness starts the pipeline in its own session, so the
-kill never reaches the harness.
+When the environment variable ``KAFKA_DELTA_CRASH_AT`` names a point, the whole pipeline
+(driver, JVM and Python workers) is killed with SIGKILL the moment execution reaches it, after
+``KAFKA_DELTA_CRASH_AFTER`` earlier passes (default 0). Unset, every point is a no-op costing
+one comparison. The harness must start the pipeline in a session of its own
+(``start_new_session=True``): the kill targets that session's leader group, and PySpark's
+worker daemon, which moves itself to a group of its own, so it never reaches the harness.
 
 Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
 ``after_dead_letters`` (dead letters committed, main commit not yet), ``after_delta_commit``
@@ -43,4 +44,8 @@ def crash_point(name: str) -> None:
         return
     _passes += 1
     if _passes > _SKIP:
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        for group in {os.getsid(0), os.getpgid(0)}:  # the driver's group, then our own
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -45,6 +45,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when its parent dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
     """Until the broker answers a metadata request (a listening socket is not enough)."""
     from confluent_kafka.admin import AdminClient
@@ -69,9 +78,14 @@ class EmbeddedBroker:
     ...     produce_events(broker.bootstrap_servers, ["orders"], 1000)
     """
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, log_path: Path | None = None, *, detached: bool = False
+    ) -> None:
+        """``detached=False`` (the default) ties the broker's life to this process: it is
+        stopped even if this process dies without cleaning up (Linux)."""
         self.port = port or free_port()
         self.log_path = log_path
+        self.detached = detached
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -95,6 +109,7 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=None if self.detached else _die_with_parent,
         )
         try:
             wait_until_serving(self.bootstrap_servers)
@@ -137,7 +152,9 @@ def _cli(argv: list[str] | None = None) -> int:
         if args.state.exists():
             print(f"error: {args.state} exists; stop that broker first", file=sys.stderr)
             return 1
-        broker = EmbeddedBroker(args.port, log_path=args.state.with_suffix(".log")).start()
+        broker = EmbeddedBroker(
+            args.port, log_path=args.state.with_suffix(".log"), detached=True
+        ).start()
         assert broker.process is not None
         args.state.write_text(
             json.dumps({"pid": broker.process.pid, "bootstrap_servers": broker.bootstrap_servers})

@@ -1,0 +1,264 @@
+"""Crash harness: proves exactly-once (I1) and checkpoint-loss recovery (I3) under SIGKILL.
+
+Generates a project, starts the embedded broker, produces records with unique ids in rounds
+while the generated pipeline runs as a separate OS process (continuous trigger), and kills
+that process with SIGKILL over and over: at random moments, and at the engine's named crash
+points (after the Delta commit and before Spark records the batch; inside the commit-back
+hook; mid-read; ...). Each restart reuses the checkpoint, except in some cycles where the
+checkpoint folder is deleted first. A last fault-free run drains the topics, then an
+independent reader (delta-rs and confluent-kafka directly, not the engine's code) checks the
+table. Last line:
+
+    chaos: kills=<K> checkpoint_resets=<C> produced=<N> table_rows=<N> distinct_ids=<N> \
+missing=0 duplicates=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from cookiecutter.main import cookiecutter
+from deltalake import DeltaTable
+
+REPO = Path(__file__).resolve().parents[1]
+CRASH_POINTS = ["after_delta_commit", "before_delta_commit", "in_commit_back", "mid_read"]
+_BATCH_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO \S+: batch=\d+ ")
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class RoundProducer:
+    """Produces one round of records with consecutive unique ids, on a timer, while the
+    pipeline process runs."""
+
+    def __init__(self, produce_events, bootstrap: str, topics: list[str], per_round: int) -> None:
+        self.produce_events, self.bootstrap, self.topics = produce_events, bootstrap, topics
+        self.per_round = per_round
+        self.produced = 0
+        self.error: BaseException | None = None
+        self._timer: threading.Timer | None = None
+
+    def _round(self) -> None:
+        try:
+            self.produced += self.produce_events(
+                self.bootstrap, self.topics, self.per_round, first_id=self.produced
+            )
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def start_round(self, delay_s: float) -> None:
+        self._timer = threading.Timer(delay_s, self._round)
+        self._timer.start()
+
+    def wait(self) -> None:
+        if self._timer is not None:
+            self._timer.join()
+        if self.error is not None:
+            raise self.error
+
+
+def first_batch_seconds(log_path: Path, started_wall: float) -> float | None:
+    """Seconds from process start to its first committed batch, read from its log."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        match = _BATCH_LINE.match(line)
+        if match:
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            return stamp - started_wall
+    return None
+
+
+def stored_offsets_independently(table_uri: str, pipeline_id: str) -> dict[str, dict[str, int]]:
+    """Newest offsets of ``pipeline_id`` straight from the Delta log's commitInfo."""
+    for commit in DeltaTable(table_uri).history():
+        try:
+            body = json.loads(commit.get("userMetadata") or "null")
+        except ValueError:
+            continue
+        if isinstance(body, dict) and body.get("kafka_delta", {}).get("pipeline_id") == pipeline_id:
+            return body["kafka_delta"]["offsets"]
+    return {}
+
+
+def group_offsets_independently(bootstrap: str, group: str, topics: list[str]) -> dict:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(timeout=10)
+    request = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
+    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, request)])
+    committed: dict[str, dict[str, int]] = {}
+    for tp in result[group].result().topic_partitions:
+        if tp.offset >= 0:
+            committed.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset
+    latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in request})
+    ends: dict[str, dict[str, int]] = {}
+    for tp, future in latest.items():
+        ends.setdefault(tp.topic, {})[str(tp.partition)] = future.result().offset
+    return {"committed": committed, "latest": ends}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--resets", type=int, default=5, help="cycles that delete the checkpoint")
+    parser.add_argument("--per-round", type=int, default=1500, help="records produced per cycle")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument(
+        "--max-kill-delay",
+        type=float,
+        default=25.0,
+        help="random kills happen 1..this many seconds after a start",
+    )
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--workdir", type=Path, default=REPO / ".chaos")
+    args = parser.parse_args(argv)
+    if args.resets > args.kills:
+        parser.error("--resets cannot exceed --kills (a reset happens before a killed cycle)")
+    rng = random.Random(args.seed)
+
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    project = Path(
+        cookiecutter(
+            str(REPO / "template"),
+            no_input=True,
+            config_file=str(REPO / "conf" / "embedded-local.yaml"),
+            output_dir=str(args.workdir),
+        )
+    )
+    (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
+    sys.path.insert(0, str(project / "src"))
+    from importlib import import_module
+
+    broker_mod = import_module(f"{package}.devtools.broker")
+    produce_mod = import_module(f"{package}.devtools.produce")
+
+    conf = yaml.safe_load((project / "conf" / "local.yaml").read_text())
+    conf["trigger"] = {"mode": "processing_time", "interval_seconds": 1}
+    conf["kafka"]["max_records_per_trigger"] = 700
+    conf["commit_back"]["timeout_seconds"] = 3
+    (project / "conf" / "chaos.yaml").write_text(yaml.safe_dump(conf))
+    topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
+    pipeline_id = conf["pipeline_id"]
+    table = project / conf["delta"]["table"]
+    checkpoint = project / conf["checkpoint"]
+
+    log(f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round}")
+    broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+    bootstrap = broker.bootstrap_servers
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
+    env.update(PYTHONPATH=str(project / "src"), PYSPARK_PYTHON=sys.executable)
+    command = [sys.executable, "-m", package, "--env", "chaos", "--bootstrap-servers", bootstrap]
+    recoveries: list[float] = []
+    kills = resets = cycle = 0
+    reset_every = max(1, args.kills // max(1, args.resets)) if args.resets else 0
+    try:
+        produce_mod.ensure_topics(bootstrap, topics, args.partitions)
+        producer = RoundProducer(produce_mod.produce_events, bootstrap, topics, args.per_round)
+        while kills < args.kills:
+            cycle += 1
+            if args.resets and resets < args.resets and cycle % reset_every == 0:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+                resets += 1
+                log(f"cycle {cycle}: checkpoint deleted (reset {resets})")
+            cycle_env = dict(env)
+            if cycle % 2:
+                # Named points in turn, so even a short run hits the one that matters most.
+                point = CRASH_POINTS[(cycle // 2) % len(CRASH_POINTS)]
+                cycle_env["KAFKA_DELTA_CRASH_AT"] = point
+                how, delay = f"crash point {point}", 60.0
+            else:
+                delay = rng.uniform(1.0, args.max_kill_delay)
+                how = f"SIGKILL after {delay:.1f}s"
+            log_path = args.workdir / f"run-{cycle:03d}.log"
+            started = time.time()
+            with open(log_path, "wb") as out:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=project,
+                    env=cycle_env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # crash points and our kills hit its group only
+                )
+                # New records arrive while the pipeline starts up or runs.
+                producer.start_round(rng.uniform(0.5, 4.0))
+                try:
+                    proc.wait(timeout=delay)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    if how.startswith("crash point"):
+                        how += " (not reached; killed at timeout)"
+            producer.wait()
+            if proc.returncode != -signal.SIGKILL:
+                log(f"cycle {cycle}: pipeline exited with {proc.returncode}; see {log_path}")
+                print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
+                return 1
+            kills += 1
+            recovery = first_batch_seconds(log_path, started)
+            if recovery is not None:
+                recoveries.append(recovery)
+            took = "no batch" if recovery is None else f"first batch after {recovery:.1f}s"
+            log(f"cycle {cycle}: killed by {how}; {took}")
+        log(f"all {producer.produced} records produced; final fault-free run until caught up")
+        final = subprocess.run(
+            [*command, "--trigger", "available-now"],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        (args.workdir / "run-final.log").write_text(final.stdout + final.stderr)
+        if final.returncode != 0:
+            print(final.stderr[-4000:], file=sys.stderr)
+            return 1
+
+        data = DeltaTable(str(table)).to_pyarrow_table(columns=["id"])
+        ids = Counter(data.column("id").to_pylist())
+        produced = producer.produced
+        missing = len(set(range(produced)) - set(ids))
+        duplicates = sum(n - 1 for n in ids.values() if n > 1)
+        unexpected = len(set(ids) - set(range(produced)))
+        stored = stored_offsets_independently(str(table), pipeline_id)
+        group_view = group_offsets_independently(bootstrap, group, topics)
+        offsets_ok = stored == group_view["committed"] == group_view["latest"]
+        log(f"stored offsets == group committed == latest: {offsets_ok}")
+        if recoveries:
+            log(
+                f"restart to first committed batch: median {statistics.median(recoveries):.1f}s, "
+                f"max {max(recoveries):.1f}s over {len(recoveries)} restarts"
+            )
+    finally:
+        broker.stop()
+    print(
+        f"chaos: kills={kills} checkpoint_resets={resets} produced={produced} "
+        f"table_rows={data.num_rows} distinct_ids={len(ids)} missing={missing} "
+        f"duplicates={duplicates}"
+    )
+    ok = (
+        missing == duplicates == unexpected == 0
+        and produced == data.num_rows == len(ids)
+        and offsets_ok
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
