@@ -44,7 +44,9 @@ def crash_point(name: str) -> None:
         return
     _passes += 1
     if _passes > _SKIP:
-        for group in {os.getsid(0), os.getpgid(0)}:  # the driver's group, then our own
+        # The driver's group first (from a worker, killing our own group first would end us
+        # before the driver), then our own, which is the same group in the driver.
+        for group in (os.getsid(0), os.getpgid(0)):
             try:
                 os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
