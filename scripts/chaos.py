@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"cycle {cycle}: killed by {how}; {took}")
         log(f"all {producer.produced} records produced; final fault-free run until caught up")
         final = subprocess.run(
-            [*command, "--trigger", "available-now"],
+            [*command, "--trigger", "available-now", "--max-records-per-trigger", "200000"],
             cwd=project,
             env=env,
             capture_output=True,

@@ -114,8 +114,8 @@ def _local_path(uri: str) -> Path:
     if parsed.scheme in ("", "file"):
         return Path(parsed.path if parsed.scheme else uri)
     raise ValueError(
-        f"the embedded engine needs a local checkpoint path, got {uri!r} "
-        "(use the cluster engine for checkpoints on object storage)"
+        f"the embedded engine needs a local checkpoint path, got {uri!r}: it reads each "
+        "batch's planned end offsets from the checkpoint's offset log"
     )
 
 
