@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             f"offsets stored in the table (Delta version {stored.delta_version}) vs consumer "
             f"group {config.kafka.consumer_group!r}"
         )
-        print(f"    {'topic':<12}{'part':>5}{'stored':>10}{'committed':>11}{'latest':>10}{'lag':>6}")
+        header = ("topic", "part", "stored", "committed", "latest", "lag")
+        print("    {:<12}{:>5}{:>10}{:>11}{:>10}{:>6}".format(*header))
         for topic, parts in sorted(latest.items()):
             for p, hi in sorted(parts.items()):
                 s = stored.offsets.get(topic, {}).get(p, "-")
