@@ -390,7 +390,10 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     position = task.start
     try:
         while position < task.end:
-            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            # Ask for no more than the range holds: consume() waits out its whole timeout
+            # whenever fewer messages than asked for are available.
+            wanted = max(1, min(10_000, task.end - position))
+            messages = consumer.consume(num_messages=wanted, timeout=0.5)
             if not messages:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
