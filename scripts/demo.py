@@ -8,6 +8,7 @@ group's lag. The last line is machine-checkable:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import shutil
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n    end to end: {data.num_rows} rows in {wall:.1f}s = {rps:,.0f} records/s")
     finally:
         say("stopping the broker")
+        # Kafka clients still alive when the broker goes would log reconnect noise after
+        # the last line: drop them first.
+        admin = None
+        gc.collect()
         broker.stop()
 
     print(
