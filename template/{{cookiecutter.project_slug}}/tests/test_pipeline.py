@@ -34,6 +34,13 @@ def _ids(cfg: PipelineConfig) -> Counter[int]:
     return Counter(DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist())
 
 
+def _assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:
+    """Every id 0..produced-1 is in the table exactly once."""
+    ids = _ids(cfg)
+    assert set(ids) == set(range(produced)), set(range(produced)) ^ set(ids)
+    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
+
+
 def _last_batch(cfg: PipelineConfig) -> int:
     return max(
         int(p.name) for p in (Path(cfg.checkpoint) / "commits").iterdir() if p.name.isdigit()
@@ -67,9 +74,7 @@ def test_records_across_topics_and_partitions_land_exactly_once_in_several_batch
 
     assert summary.batches >= 5  # 3000 records at <= 700 per trigger
     assert summary.rows_written == 3000
-    ids = _ids(cfg)
-    assert set(ids) == set(range(3000))
-    assert max(ids.values()) == 1
+    _assert_exactly_once(cfg, 3000)
     _assert_offsets_agree(cfg)
     assert summary.commit_back is not None and summary.commit_back.failed == 0
 
@@ -129,8 +134,7 @@ def test_crash_after_delta_commit_before_spark_commit_replays_as_a_no_op(
     assert DeltaTable(cfg.delta.table).version() == version
     produce_events(kafka_bootstrap, topics, 100, first_id=500)
     _run(spark, cfg)
-    ids = _ids(cfg)
-    assert set(ids) == set(range(600)) and max(ids.values()) == 1
+    _assert_exactly_once(cfg, 600)
     _assert_offsets_agree(cfg)
 
 
@@ -150,8 +154,7 @@ def test_deleted_checkpoint_resumes_from_offsets_stored_in_the_table(
     summary = _run(spark, cfg)
 
     assert summary.rows_written == 250 and summary.replayed_batches == 0
-    ids = _ids(cfg)
-    assert set(ids) == set(range(650)) and max(ids.values()) == 1
+    _assert_exactly_once(cfg, 650)
     _assert_offsets_agree(cfg)
 
 
@@ -244,8 +247,7 @@ def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
 
     assert len(errors) == 1, errors
     assert "does not start where the table ends" in errors[0]
-    ids = _ids(cfg)
-    assert set(ids) == set(range(600)) and max(ids.values()) == 1  # the winner ran to the end
+    _assert_exactly_once(cfg, 600)
     admin = KafkaAdmin(cfg.kafka.client_config())
     stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
     assert stored is not None
@@ -402,8 +404,7 @@ def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
     up = _run_with(spark, cfg, committer())
     assert up.commit_back is not None and up.commit_back.failed == 0
     _assert_offsets_agree(cfg)
-    ids = _ids(cfg)
-    assert set(ids) == set(range(400)) and max(ids.values()) == 1
+    _assert_exactly_once(cfg, 400)
 
 
 def _run_with(spark, cfg: PipelineConfig, committer) -> RunSummary:
