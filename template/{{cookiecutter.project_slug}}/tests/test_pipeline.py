@@ -25,9 +25,16 @@ from {{ cookiecutter.package_name }}.pipeline import (
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-def _run(spark, cfg: PipelineConfig, transform=None) -> RunSummary:
-    pipeline = Pipeline(spark, cfg) if transform is None else Pipeline(spark, cfg, transform)
-    return pipeline.run()
+def _run(spark, cfg: PipelineConfig, **pipeline_args) -> RunSummary:
+    return Pipeline(spark, cfg, **pipeline_args).run()
+
+
+def _forget_last_spark_commit(cfg: PipelineConfig) -> None:
+    """Leave the state a crash between the Delta commit and Spark's commit leaves behind:
+    the last batch is in the table, but Spark has not recorded it, so it re-runs it."""
+    last = _last_batch(cfg)
+    for entry in (str(last), f".{last}.crc"):
+        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
 
 
 def _ids(cfg: PipelineConfig) -> Counter[int]:
@@ -123,11 +130,7 @@ def test_crash_after_delta_commit_before_spark_commit_replays_as_a_no_op(
     _run(spark, cfg)
     version = DeltaTable(cfg.delta.table).version()
 
-    # The Delta commit of the last batch happened, but Spark never recorded the batch as done:
-    # exactly the state a crash between the two leaves behind. Spark re-runs that batch.
-    last = _last_batch(cfg)
-    for entry in (str(last), f".{last}.crc"):
-        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
+    _forget_last_spark_commit(cfg)
     summary = _run(spark, cfg)
 
     assert summary.replayed_batches == 1 and summary.rows_written == 0
@@ -322,9 +325,7 @@ def test_replayed_batch_with_dead_letters_adds_nothing_to_either_table(
     _run(spark, cfg)
     versions = (DeltaTable(cfg.delta.table).version(), DeltaTable(cfg.dead_letter_table).version())
 
-    last = _last_batch(cfg)
-    for entry in (str(last), f".{last}.crc"):
-        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
+    _forget_last_spark_commit(cfg)
     summary = _run(spark, cfg)
 
     assert summary.replayed_batches == 1
@@ -392,7 +393,7 @@ def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
             {"bootstrap.servers": tcp_proxy.address}, cfg.kafka.consumer_group, timeout_s=1.0
         )
 
-    down = _run_with(spark, cfg, committer())
+    down = _run(spark, cfg, committer=committer())
     assert down.rows_written == 300 and down.batches >= 3  # every batch committed to Delta
     assert down.commit_back is not None
     assert down.commit_back.succeeded == 0 and down.commit_back.failed >= 1
@@ -401,11 +402,7 @@ def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
 
     tcp_proxy.start()  # the coordinator is back
     produce_events(kafka_bootstrap, topics, 100, first_id=300)
-    up = _run_with(spark, cfg, committer())
+    up = _run(spark, cfg, committer=committer())
     assert up.commit_back is not None and up.commit_back.failed == 0
     _assert_offsets_agree(cfg)
     _assert_exactly_once(cfg, 400)
-
-
-def _run_with(spark, cfg: PipelineConfig, committer) -> RunSummary:
-    return Pipeline(spark, cfg, committer=committer).run()

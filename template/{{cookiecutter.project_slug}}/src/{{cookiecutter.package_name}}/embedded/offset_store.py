@@ -12,6 +12,25 @@ from ..offsets import StoredOffsets, newest_stored
 _PAGES = (20, 500, None)
 
 
+def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    """The table's latest snapshot, or None when there is no table yet."""
+    try:
+        return DeltaTable(table_uri, storage_options=storage_options or None)
+    except TableNotFoundError:
+        return None
+
+
+def newest_stored_in(table: DeltaTable, pipeline_id: str) -> StoredOffsets | None:
+    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s snapshot, or
+    None (no commit of this pipeline in the retained log)."""
+    for limit in _PAGES:
+        history = table.history(limit)
+        stored = newest_stored(history, pipeline_id)
+        if stored is not None or limit is None or len(history) < limit:
+            return stored
+    return None
+
+
 class DeltaRsOffsetStore:
     def __init__(
         self, table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None = None
@@ -23,13 +42,5 @@ class DeltaRsOffsetStore:
     def read(self) -> StoredOffsets | None:
         """Offsets of the newest commit tagged with this pipeline id, or None (no table, or no
         commit of this pipeline in the retained log)."""
-        try:
-            table = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
-        for limit in _PAGES:
-            history = table.history(limit)
-            stored = newest_stored(history, self.pipeline_id)
-            if stored is not None or limit is None or len(history) < limit:
-                return stored
-        return None
+        table = open_table(self.table_uri, self.storage_options)
+        return None if table is None else newest_stored_in(table, self.pipeline_id)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError
 
 from ..offsets import BatchCommit, Offsets, StoredOffsets, newest_stored, offsets_to_json
+from .offset_store import newest_stored_in, open_table
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,22 @@ class DeltaRsSink:
         self._known: tuple[int, StoredOffsets | None] | None = None
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.table_uri, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
+        return open_table(self.table_uri, self.storage_options)
+
+    def _append(
+        self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties | None
+    ) -> int:
+        """Append ``data`` in one commit (creating the table if needed); the new version."""
+        write_deltalake(
+            table if table is not None else self.table_uri,
+            data,
+            mode="append",
+            storage_options=self.storage_options or None,
+            commit_properties=properties,
+        )
+        written = table if table is not None else self._table()
+        assert written is not None
+        return written.version()
 
     def stored_offsets(self, table: DeltaTable) -> StoredOffsets | None:
         """This pipeline's newest stored offsets as of ``table``'s snapshot."""
@@ -118,21 +131,14 @@ class DeltaRsSink:
             )
             stored = newer if newer is not None else known
         else:
-            stored = newest_stored(table.history(), self.pipeline_id)
+            stored = newest_stored_in(table, self.pipeline_id)
         self._known = (version, stored)
         return stored
 
     def append_unprotected(self, data: pa.Table) -> SinkResult:
         """Plain append: no txn, no offsets, no fencing. Only for measuring what the
         exactly-once machinery costs (scripts/bench); a pipeline never uses it."""
-        table = self._table()
-        write_deltalake(
-            table if table is not None else self.table_uri,
-            data,
-            mode="append",
-            storage_options=self.storage_options or None,
-        )
-        version = (table or self._table()).version()  # type: ignore[union-attr]
+        version = self._append(self._table(), data, None)
         return SinkResult(written=True, rows=data.num_rows, delta_version=version)
 
     def commit_batch(
@@ -140,33 +146,26 @@ class DeltaRsSink:
     ) -> SinkResult:
         """Commit ``data`` as batch ``commit``; ``start`` (the batch's start offsets) enables
         the fencing check."""
+        properties = CommitProperties(
+            app_transactions=[Transaction(commit.app_id, commit.batch_id)],
+            custom_metadata={"userMetadata": commit.user_metadata()},
+            max_commit_retries=0,
+        )
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             table = self._table()
-            if table is not None:
-                done = table.transaction_version(commit.app_id)
-                if done is not None and done >= commit.batch_id:
-                    log.info(
-                        "batch %d of %s is already in the table (txn version %d): replay skipped",
-                        commit.batch_id,
-                        commit.app_id,
-                        done,
-                    )
-                    return SinkResult(written=False, rows=0, delta_version=None)
-                check_contiguous(self.stored_offsets(table), start, commit)
-            else:
-                check_contiguous(None, start, commit)
-            try:
-                write_deltalake(
-                    table if table is not None else self.table_uri,
-                    data,
-                    mode="append",
-                    storage_options=self.storage_options or None,
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(commit.app_id, commit.batch_id)],
-                        custom_metadata={"userMetadata": commit.user_metadata()},
-                        max_commit_retries=0,
-                    ),
+            done = table.transaction_version(commit.app_id) if table is not None else None
+            if done is not None and done >= commit.batch_id:
+                log.info(
+                    "batch %d of %s is already in the table (txn version %d): replay skipped",
+                    commit.batch_id,
+                    commit.app_id,
+                    done,
                 )
+                return SinkResult(written=False, rows=0, delta_version=None)
+            stored = self.stored_offsets(table) if table is not None else None
+            check_contiguous(stored, start, commit)
+            try:
+                version = self._append(table, data, properties)
             except CommitFailedError as exc:
                 log.info(
                     "batch %d: another commit landed first (%s); re-checking (attempt %d)",
@@ -175,9 +174,6 @@ class DeltaRsSink:
                     attempt,
                 )
                 continue
-            created = table if table is not None else self._table()
-            assert created is not None
-            version = created.version()
             self._known = (
                 version,
                 StoredOffsets(commit.end_offsets, version, commit.app_id, commit.batch_id),
