@@ -19,6 +19,11 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig  # noqa: E402
 
+# KAFKA_DELTA_CONNECTORS=packages: the test session fetches the cluster engine's connector jars
+# (delta-spark, spark-sql-kafka) with spark.jars.packages, so its tests run instead of being
+# skipped. Needs access to Maven Central (or spark.jars.repositories).
+WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -26,18 +31,46 @@ def spark():
         pytest.skip("Spark needs Java 17: java is not on PATH and JAVA_HOME is unset")
     from pyspark.sql import SparkSession
 
-    session = (
+    from {{ cookiecutter.package_name }}.engine import DELTA_SESSION_CONFS, connector_packages
+
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    if WITH_CONNECTORS:
+        builder = builder.config("spark.jars.packages", ",".join(connector_packages()))
+        for key, value in DELTA_SESSION_CONFS.items():
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def engine_config(name: str) -> dict[str, str]:
+    """``engine:`` of a config for a parametrized engine id (a preset, or source+sink)."""
+    from {{ cookiecutter.package_name }}.config import ENGINE_PRESETS
+
+    if name in ENGINE_PRESETS:
+        return dict(ENGINE_PRESETS[name])
+    source, sink = name.split("+")
+    return {"source": source, "sink": sink}
+
+
+def skip_without_connectors(spark, engine: dict[str, str]) -> None:
+    """Skip (with the reason the suite reports) when the session lacks the engine's jars."""
+    from {{ cookiecutter.package_name }}.engine import (
+        CONNECTORS_MISSING,
+        missing_connectors,
+        required_connectors,
+    )
+
+    if missing_connectors(spark, required_connectors(engine["source"], engine["sink"])):
+        pytest.skip(CONNECTORS_MISSING)
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +109,17 @@ def new_topics(kafka_bootstrap: str) -> Callable[..., list[str]]:
 def make_config(tmp_path: Path, kafka_bootstrap: str) -> Callable[..., PipelineConfig]:
     """A PipelineConfig on fresh table/checkpoint paths under tmp_path."""
 
-    def make(topics: list[str], **kafka: object) -> PipelineConfig:
+    def make(
+        topics: list[str],
+        *,
+        engine: str | dict[str, str] = "embedded",
+        delta: dict[str, object] | None = None,
+        **kafka: object,
+    ) -> PipelineConfig:
         return PipelineConfig.model_validate(
             {
                 "pipeline_id": "test-pipeline",
+                "engine": engine,
                 "kafka": {
                     "bootstrap_servers": kafka_bootstrap,
                     "topics": topics,
@@ -87,7 +127,7 @@ def make_config(tmp_path: Path, kafka_bootstrap: str) -> Callable[..., PipelineC
                     "client": {"fetch.wait.max.ms": 100},
                     **kafka,
                 },
-                "delta": {"table": str(tmp_path / "table")},
+                "delta": {"table": str(tmp_path / "table"), **(delta or {})},
                 "checkpoint": str(tmp_path / "checkpoint"),
                 "commit_back": {"timeout_seconds": 10},
             }

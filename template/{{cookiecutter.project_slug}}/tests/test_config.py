@@ -47,6 +47,10 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
         (lambda d: d.update(pipeline_id="has space"), "pipeline_id"),
         (lambda d: d["delta"].update(tabel="typo"), "delta.tabel: unknown key"),
         (lambda d: d.update(engine="cluster-of-dreams"), "engine"),
+        (lambda d: d.update(engine={"source": "embedded", "sink": "hive"}), "engine.sink"),
+        (lambda d: d["delta"].update(mode="upsert"), "needs merge_keys"),
+        (lambda d: d["delta"].update(merge_keys=["id"]), "only apply to mode: upsert"),
+        (lambda d: d["kafka"].update(jvm_client={"kafka.security.protocol": "SSL"}), "prefix"),
     ],
 )
 def test_invalid_config_names_the_bad_key(tmp_path: Path, mutate, message: str) -> None:
@@ -93,3 +97,29 @@ def test_main_rejects_bad_config_before_any_work_with_exit_code_2(
     err = capsys.readouterr().err
     assert "kafka.topics" in err and "not ok" in err
     assert not (tmp_path / "data").exists()
+
+
+def test_engine_presets_and_mixes_name_a_source_and_a_sink(tmp_path: Path) -> None:
+    data = _base()
+    for engine, expected in [
+        ("embedded", ("embedded", "delta_rs")),
+        ("cluster", ("spark_kafka", "delta_spark")),
+        ({"source": "embedded", "sink": "delta_spark"}, ("embedded", "delta_spark")),
+    ]:
+        data["engine"] = engine
+        cfg = load_config(_write(tmp_path, data))
+        assert (cfg.engine.source, cfg.engine.sink) == expected
+
+
+def test_environment_references_fill_secrets_and_a_missing_one_names_its_key(
+    tmp_path: Path,
+) -> None:
+    data = _base()
+    data["kafka"]["client"] = {"sasl.password": "${KAFKA_PASSWORD}", "sasl.username": "svc"}
+    path = _write(tmp_path, data)
+
+    cfg = load_config(path, environ={"KAFKA_PASSWORD": "s3cr$t"})
+    assert cfg.kafka.client_config()["sasl.password"] == "s3cr$t"
+
+    with pytest.raises(ConfigError, match=r"kafka\.client\.sasl\.password.*KAFKA_PASSWORD"):
+        load_config(path, environ={})

@@ -1,10 +1,12 @@
-"""End to end on the embedded engine: a real broker, real Delta tables, a real Spark session."""
+"""End to end on the embedded engine: a real broker, real Delta tables, a real Spark session.
+
+What every engine must do is proven in test_engine_contract.py; this file covers the rest:
+offset gaps, dead letters, data loss, fencing, the hook, Kafka's columns."""
 
 from __future__ import annotations
 
 import random
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,13 @@ from deltalake import DeltaTable
 from {{ cookiecutter.package_name }}.config import PipelineConfig
 from {{ cookiecutter.package_name }}.devtools.produce import event, produce_events, produce_values
 from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetStore
-from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin, total_lag
-from {{ cookiecutter.package_name }}.pipeline import (
-    CheckpointMismatchError,
-    Pipeline,
-    RunSummary,
-    checkpoint_end_offsets,
+from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin
+from {{ cookiecutter.package_name }}.pipeline import CheckpointMismatchError, Pipeline, RunSummary
+from support import (
+    assert_exactly_once,
+    assert_offsets_agree,
+    forget_last_spark_commit,
+    table_ids,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -27,63 +30,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 def _run(spark, cfg: PipelineConfig, **pipeline_args) -> RunSummary:
     return Pipeline(spark, cfg, **pipeline_args).run()
-
-
-def _forget_last_spark_commit(cfg: PipelineConfig) -> None:
-    """Leave the state a crash between the Delta commit and Spark's commit leaves behind:
-    the last batch is in the table, but Spark has not recorded it, so it re-runs it."""
-    last = _last_batch(cfg)
-    for entry in (str(last), f".{last}.crc"):
-        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
-
-
-def _ids(cfg: PipelineConfig) -> Counter[int]:
-    return Counter(DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist())
-
-
-def _assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:
-    """Every id 0..produced-1 is in the table exactly once."""
-    ids = _ids(cfg)
-    assert set(ids) == set(range(produced)), set(range(produced)) ^ set(ids)
-    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
-
-
-def _last_batch(cfg: PipelineConfig) -> int:
-    return max(
-        int(p.name) for p in (Path(cfg.checkpoint) / "commits").iterdir() if p.name.isdigit()
-    )
-
-
-def _assert_offsets_agree(cfg: PipelineConfig) -> None:
-    """stored offsets == last batch's planned end offsets == group's committed == latest."""
-    admin = KafkaAdmin(cfg.kafka.client_config())
-    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
-    assert stored is not None
-    planned = checkpoint_end_offsets(cfg.checkpoint, _last_batch(cfg))
-    partitions = admin.partitions(cfg.kafka.topics)
-    committed = admin.committed(cfg.kafka.consumer_group, partitions)
-    latest = admin.latest(partitions)
-    assert stored.offsets == planned == committed == latest
-    assert total_lag(latest, committed) == 0
-
-
-def test_records_across_topics_and_partitions_land_exactly_once_in_several_batches(
-    spark,
-    kafka_bootstrap,
-    new_topics,
-    make_config,
-) -> None:
-    topics = new_topics(2, partitions=3)
-    produce_events(kafka_bootstrap, topics, 3000)
-    cfg = make_config(topics, max_records_per_trigger=700)
-
-    summary = _run(spark, cfg)
-
-    assert summary.batches >= 5  # 3000 records at <= 700 per trigger
-    assert summary.rows_written == 3000
-    _assert_exactly_once(cfg, 3000)
-    _assert_offsets_agree(cfg)
-    assert summary.commit_back is not None and summary.commit_back.failed == 0
 
 
 def test_offset_gaps_from_transactions_give_exact_end_offsets_and_zero_lag(
@@ -115,50 +61,7 @@ def test_offset_gaps_from_transactions_give_exact_end_offsets_and_zero_lag(
             if part == p
         ]
         assert max(offsets) + 1 < latest[topic][p]  # there really is a gap at the end
-    _assert_offsets_agree(cfg)
-
-
-def test_crash_after_delta_commit_before_spark_commit_replays_as_a_no_op(
-    spark,
-    kafka_bootstrap,
-    new_topics,
-    make_config,
-) -> None:
-    topics = new_topics(1, partitions=2)
-    produce_events(kafka_bootstrap, topics, 500)
-    cfg = make_config(topics, max_records_per_trigger=200)
-    _run(spark, cfg)
-    version = DeltaTable(cfg.delta.table).version()
-
-    _forget_last_spark_commit(cfg)
-    summary = _run(spark, cfg)
-
-    assert summary.replayed_batches == 1 and summary.rows_written == 0
-    assert DeltaTable(cfg.delta.table).version() == version
-    produce_events(kafka_bootstrap, topics, 100, first_id=500)
-    _run(spark, cfg)
-    _assert_exactly_once(cfg, 600)
-    _assert_offsets_agree(cfg)
-
-
-def test_deleted_checkpoint_resumes_from_offsets_stored_in_the_table(
-    spark,
-    kafka_bootstrap,
-    new_topics,
-    make_config,
-) -> None:
-    topics = new_topics(2, partitions=2)
-    produce_events(kafka_bootstrap, topics, 400)
-    cfg = make_config(topics, max_records_per_trigger=150)
-    _run(spark, cfg)
-
-    shutil.rmtree(cfg.checkpoint)  # a new checkpoint restarts batch ids at 0 (I3)
-    produce_events(kafka_bootstrap, topics, 250, first_id=400)
-    summary = _run(spark, cfg)
-
-    assert summary.rows_written == 250 and summary.replayed_batches == 0
-    _assert_exactly_once(cfg, 650)
-    _assert_offsets_agree(cfg)
+    assert_offsets_agree(cfg)
 
 
 def test_checkpoint_with_progress_but_no_table_offsets_stops_before_reading(
@@ -250,7 +153,7 @@ def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
 
     assert len(errors) == 1, errors
     assert "does not start where the table ends" in errors[0]
-    _assert_exactly_once(cfg, 600)
+    assert_exactly_once(cfg, 600)
     admin = KafkaAdmin(cfg.kafka.client_config())
     stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
     assert stored is not None
@@ -311,7 +214,7 @@ def test_bad_records_go_to_the_dead_letter_table_once_and_never_half_parsed_to_t
     summary = _run(spark, cfg)
     assert summary.rows_written == 0 and summary.dead_letters == 0
     assert DeltaTable(cfg.dead_letter_table).to_pyarrow_table().num_rows == len(BAD_VALUES)
-    _assert_offsets_agree(cfg)
+    assert_offsets_agree(cfg)
 
 
 def test_replayed_batch_with_dead_letters_adds_nothing_to_either_table(
@@ -325,7 +228,7 @@ def test_replayed_batch_with_dead_letters_adds_nothing_to_either_table(
     _run(spark, cfg)
     versions = (DeltaTable(cfg.delta.table).version(), DeltaTable(cfg.dead_letter_table).version())
 
-    _forget_last_spark_commit(cfg)
+    forget_last_spark_commit(cfg)
     summary = _run(spark, cfg)
 
     assert summary.replayed_batches == 1
@@ -376,7 +279,7 @@ def test_offsets_kafka_no_longer_has_stop_the_pipeline_unless_skipping_is_allowe
     skipping = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
     summary = _run(spark, skipping)
     assert summary.rows_written == 20  # the recreated topic, read from its beginning
-    assert sorted(_ids(cfg))[-20:] == list(range(1000, 1020))
+    assert sorted(table_ids(cfg))[-20:] == list(range(1000, 1020))
 
 
 def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
@@ -404,5 +307,5 @@ def test_unreachable_coordinator_never_fails_a_batch_and_the_group_catches_up(
     produce_events(kafka_bootstrap, topics, 100, first_id=300)
     up = _run(spark, cfg, committer=committer())
     assert up.commit_back is not None and up.commit_back.failed == 0
-    _assert_offsets_agree(cfg)
-    _assert_exactly_once(cfg, 400)
+    assert_offsets_agree(cfg)
+    assert_exactly_once(cfg, 400)

@@ -1,4 +1,5 @@
-"""The delta-rs sink and offset store, on real Delta tables on disk."""
+"""The delta-rs sink and offset store, on real Delta tables on disk (replay and upsert, shared
+by both sinks, are in test_engine_contract.py)."""
 
 from __future__ import annotations
 
@@ -29,35 +30,6 @@ def test_batch_lands_in_one_commit_with_data_txn_and_end_offsets(tmp_path: Path)
     info = table.history(1)[0]
     assert parse_user_metadata(info["userMetadata"], "p") == commit
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
-
-
-def test_replayed_batch_writes_nothing_and_still_reports_success(tmp_path: Path) -> None:
-    sink = DeltaRsSink(str(tmp_path / "t"), "p")
-    sink.commit_batch(_rows(1, 2), BatchCommit("p", "p.q1", 0, {"o": {0: 2}}))
-    sink.commit_batch(_rows(3), BatchCommit("p", "p.q1", 1, {"o": {0: 3}}))
-    version = DeltaTable(str(tmp_path / "t")).version()
-
-    for replay in (0, 1):
-        result = sink.commit_batch(_rows(99), BatchCommit("p", "p.q1", replay, {"o": {0: 3}}))
-        assert (result.written, result.rows, result.delta_version) == (False, 0, None)
-
-    table = DeltaTable(str(tmp_path / "t"))
-    assert table.version() == version
-    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
-
-
-def test_new_checkpoint_app_id_restarting_at_batch_zero_is_written(tmp_path: Path) -> None:
-    sink = DeltaRsSink(str(tmp_path / "t"), "p")
-    for batch in range(3):
-        sink.commit_batch(_rows(batch), BatchCommit("p", "p.old", batch, {"o": {0: batch + 1}}))
-    result = sink.commit_batch(_rows(10), BatchCommit("p", "p.new", 0, {"o": {0: 4}}))
-    assert result.written
-    assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist()) == [
-        0,
-        1,
-        2,
-        10,
-    ]
 
 
 def test_empty_batch_still_commits_its_offsets(tmp_path: Path) -> None:

@@ -13,15 +13,31 @@ Library code receives a frozen :class:`PipelineConfig`; it never reads files or 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _PIPELINE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A column name as Spark and delta-rs accept it inside backticks (no backtick, no newline).
+_COLUMN_RE = re.compile(r"^[^`\n]+$")
+# ${NAME} in a config value is replaced by that environment variable when the file is loaded:
+# how secrets (SASL passwords, ...) reach the config without being written into it.
+_ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# Settings the pipeline sets itself on every Kafka client; the config must not override them.
+_MANAGED_CLIENT_KEYS = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit"})
 
 
 class ConfigError(ValueError):
@@ -41,8 +57,13 @@ class KafkaConfig(_Model):
     fail_on_data_loss: bool = True
     # Seconds a read task waits for offsets that the plan says exist before failing.
     poll_timeout_seconds: float = Field(default=120.0, gt=0)
-    # Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed through as-is.
+    # Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed through as-is to
+    # every confluent-kafka client: the embedded source, metadata queries, the commit-back hook.
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Extra Java Kafka client settings for Spark's built-in source (engine.source:
+    # spark_kafka), passed as its `kafka.<key>` options (security.protocol, sasl.jaas.config,
+    # ssl.truststore.location, ...). Java and librdkafka name some settings differently.
+    jvm_client: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("topics")
     @classmethod
@@ -57,10 +78,16 @@ class KafkaConfig(_Model):
             raise ValueError("lists a topic more than once")
         return topics
 
-    @field_validator("client")
+    @field_validator("client", "jvm_client")
     @classmethod
     def _no_managed_client_keys(cls, client: dict[str, Any]) -> dict[str, Any]:
-        managed = {"bootstrap.servers", "group.id", "enable.auto.commit"} & set(client)
+        prefixed = sorted(k for k in client if k.startswith("kafka."))
+        if prefixed:
+            raise ValueError(
+                f"sets {prefixed}: give Kafka client settings without the 'kafka.' prefix "
+                "(the pipeline adds it where Spark needs it)"
+            )
+        managed = _MANAGED_CLIENT_KEYS & set(client)
         if managed:
             raise ValueError(
                 f"sets {sorted(managed)}, which the pipeline manages itself; "
@@ -70,14 +97,88 @@ class KafkaConfig(_Model):
 
     def client_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client the pipeline creates."""
-        conf = {k: _librdkafka_value(v) for k, v in self.client.items()}
+        conf = {k: _client_value(v) for k, v in self.client.items()}
         conf["bootstrap.servers"] = self.bootstrap_servers
         return conf
+
+    def jvm_client_options(self) -> dict[str, str]:
+        """Options of Spark's kafka source for the Java client settings (``kafka.<key>``)."""
+        return {f"kafka.{k}": _client_value(v) for k, v in self.jvm_client.items()}
 
 
 class DeltaConfig(_Model):
     table: str = Field(min_length=1)
     storage_options: dict[str, str] = Field(default_factory=dict)
+    # append: every record becomes a row. upsert: MERGE on merge_keys, one row per key holding
+    # its latest value (newest by order_by, then by Kafka offset), for changelog-style topics.
+    mode: Literal["append", "upsert"] = "append"
+    merge_keys: tuple[str, ...] = ()
+    # Column that orders two versions of one key (e.g. an event time or version number). With
+    # it, an older version arriving later never overwrites a newer row; without it, the later
+    # Kafka record wins (records of one key share a partition when keyed by it).
+    order_by: str | None = None
+
+    @field_validator("merge_keys")
+    @classmethod
+    def _valid_keys(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for key in keys:
+            if not _COLUMN_RE.match(key):
+                raise ValueError(f"{key!r} is not a usable column name")
+        if len(set(keys)) != len(keys):
+            raise ValueError("lists a column more than once")
+        return keys
+
+    @field_validator("order_by")
+    @classmethod
+    def _valid_order_by(cls, column: str | None) -> str | None:
+        if column is not None and not _COLUMN_RE.match(column):
+            raise ValueError(f"{column!r} is not a usable column name")
+        return column
+
+    @model_validator(mode="after")
+    def _upsert_needs_keys(self) -> DeltaConfig:
+        if self.mode == "upsert" and not self.merge_keys:
+            raise ValueError("mode upsert needs merge_keys: the columns that identify a row")
+        if self.mode == "append" and (self.merge_keys or self.order_by):
+            raise ValueError("merge_keys and order_by only apply to mode: upsert")
+        return self
+
+
+SourceKind = Literal["embedded", "spark_kafka"]
+SinkKind = Literal["delta_rs", "delta_spark"]
+
+# Shorthands for `engine:`; any other mix is written out as {source: ..., sink: ...}.
+ENGINE_PRESETS: dict[str, dict[str, str]] = {
+    # confluent-kafka Python data source + delta-rs: needs no JVM connector jars.
+    "embedded": {"source": "embedded", "sink": "delta_rs"},
+    # Spark's built-in kafka source + delta-spark: Databricks, or spark-submit --packages.
+    "cluster": {"source": "spark_kafka", "sink": "delta_spark"},
+}
+
+
+class EngineConfig(_Model):
+    source: SourceKind = "embedded"
+    sink: SinkKind = "delta_rs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value not in ENGINE_PRESETS:
+                raise ValueError(
+                    f"{value!r} is not an engine; use one of {sorted(ENGINE_PRESETS)} or "
+                    "{source: embedded|spark_kafka, sink: delta_rs|delta_spark}"
+                )
+            return ENGINE_PRESETS[value]
+        return value
+
+    @property
+    def name(self) -> str:
+        """The preset name when the mix is one, else ``<source>+<sink>``."""
+        for name, preset in ENGINE_PRESETS.items():
+            if preset == {"source": self.source, "sink": self.sink}:
+                return name
+        return f"{self.source}+{self.sink}"
 
 
 class DeadLetterConfig(_Model):
@@ -104,7 +205,7 @@ class SparkConfig(_Model):
 
 class PipelineConfig(_Model):
     pipeline_id: str
-    engine: Literal["embedded"] = "embedded"
+    engine: EngineConfig = EngineConfig()
     kafka: KafkaConfig
     delta: DeltaConfig
     checkpoint: str = Field(min_length=1)
@@ -147,7 +248,7 @@ class PipelineConfig(_Model):
         return _validate(data, source="overrides")
 
 
-def _librdkafka_value(value: object) -> str:
+def _client_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -183,9 +284,36 @@ def _resolve(path: str, root: Path) -> str:
     return str(candidate if candidate.is_absolute() else (root / candidate).resolve())
 
 
-def load_config(path: str | Path) -> PipelineConfig:
+def _interpolate(data: object, environ: Mapping[str, str], where: str = "") -> object:
+    """Replace ``${NAME}`` in string values with ``environ[NAME]``; a missing variable is an
+    error naming the key, never an empty string that would fail later at the broker."""
+    if isinstance(data, dict):
+        return {
+            k: _interpolate(v, environ, f"{where}.{k}" if where else str(k))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_interpolate(v, environ, f"{where}[{i}]") for i, v in enumerate(data)]
+    if not isinstance(data, str):
+        return data
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            reference = "$" + "{" + name + "}"
+            raise ConfigError(
+                f"{where or '(top level)'}: refers to {reference}, but the environment variable "
+                f"{name} is not set"
+            )
+        return environ[name]
+
+    return _ENV_REF_RE.sub(substitute, data)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> PipelineConfig:
     """Parse and validate a YAML config file; relative paths are resolved against the project
-    root (the parent of the ``conf/`` folder holding the file)."""
+    root (the parent of the ``conf/`` folder holding the file). ``${NAME}`` in a value is taken
+    from ``environ`` (the entry point passes ``os.environ``; by default nothing is set)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -195,6 +323,10 @@ def load_config(path: str | Path) -> PipelineConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    try:
+        data = _interpolate(data, environ or {})
+    except ConfigError as exc:
+        raise ConfigError(f"invalid configuration in {path}:\n  {exc}") from None
     cfg = _validate(data, source=str(path))
     root = path.resolve().parent
     if root.name == "conf":

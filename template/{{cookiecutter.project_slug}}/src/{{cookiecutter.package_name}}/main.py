@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 
-from .config import ConfigError, PipelineConfig, load_config
+from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-records-per-trigger", type=int, help="override kafka.max_records_per_trigger"
     )
+    parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINE_PRESETS),
+        help="override engine: embedded (no connector jars) or cluster (Spark kafka + delta-spark)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     return parser.parse_args(argv)
 
@@ -59,7 +64,8 @@ def _absolute(path: str | None) -> str | None:
 
 
 def build_config(args: argparse.Namespace) -> PipelineConfig:
-    config = load_config(_config_path(args))
+    # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
+    config = load_config(_config_path(args), environ=os.environ)
     return config.with_overrides(
         **{
             "kafka.bootstrap_servers": args.bootstrap_servers,
@@ -67,6 +73,7 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
             "checkpoint": _absolute(args.checkpoint),
             "trigger.mode": args.trigger.replace("-", "_") if args.trigger else None,
             "kafka.max_records_per_trigger": args.max_records_per_trigger,
+            "engine": args.engine,
         }
     )
 
@@ -85,7 +92,10 @@ def build_spark(config: PipelineConfig):
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    try:
+        spark.sparkContext.setLogLevel("WARN")
+    except Exception:  # Spark Connect (Databricks shared/serverless compute) has no SparkContext
+        log.debug("no SparkContext: leaving Spark's log level as configured")
     return spark
 
 
@@ -102,10 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from .engine import ConnectorMissingError
     from .pipeline import Pipeline
 
     spark = build_spark(config)
-    pipeline = Pipeline(spark, config)
+    try:
+        pipeline = Pipeline(spark, config)
+    except ConnectorMissingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     def _graceful(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping after the current micro-batch", signum)

@@ -26,7 +26,7 @@ ends.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
@@ -150,4 +150,22 @@ def newest_stored(
                 app_id=record.app_id,
                 batch_id=record.batch_id,
             )
+    return None
+
+
+# History is read newest first in growing pages: the pipeline's own commit is normally the
+# newest, but other writers and maintenance (OPTIMIZE, VACUUM) may have committed since.
+HISTORY_PAGES = (20, 500, None)
+
+
+def newest_stored_paged(
+    history: Callable[[int | None], Sequence[Mapping[str, object]]], pipeline_id: str
+) -> StoredOffsets | None:
+    """:func:`newest_stored` over ``history(limit)`` (newest first; None = the whole retained
+    log), reading no more of the log than it must."""
+    for limit in HISTORY_PAGES:
+        page = history(limit)
+        stored = newest_stored(page, pipeline_id)
+        if stored is not None or limit is None or len(page) < limit:
+            return stored
     return None

@@ -13,29 +13,30 @@ One micro-batch (DESIGN.md section 3):
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from urllib.parse import urlparse
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from .checkpoint import CheckpointLog, CheckpointMismatchError
 from .commit_back import CommitBackStats, OffsetCommitter
 from .config import PipelineConfig
-from .embedded.offset_store import DeltaRsOffsetStore
-from .embedded.sink import DeltaRsSink
-from .embedded.source import SOURCE_NAME, KafkaDataSource
+from .engine import (
+    DeadLetterError,
+    Engine,
+    Sink,
+    build_engine,
+    latest_per_key,
+)
 from .faults import crash_point
 from .kafka_admin import KafkaAdmin, total_lag
-from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, offsets_from_json, total_records
+from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
@@ -43,34 +44,14 @@ log = logging.getLogger(__name__)
 
 Transform = Callable[[DataFrame], DataFrame]
 
-
-class CheckpointMismatchError(RuntimeError):
-    """The Spark checkpoint and the Delta table disagree in a way that would lose data."""
-
-
-class DeadLetterError(RuntimeError):
-    """A record cannot be processed and dead letters are disabled."""
-
+__all__ = [
+    "CheckpointMismatchError",
+    "DeadLetterError",
+    "Pipeline",
+    "RunSummary",
+]
 
 DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
-
-
-def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
-    """(rows for the table without the ``_error`` column, rows marked as dead letters)."""
-    if DEAD_LETTER_COLUMN not in data.column_names:
-        return data, None
-    marked = pc.is_valid(data.column(DEAD_LETTER_COLUMN))
-    good = data.filter(pc.invert(marked)).drop_columns([DEAD_LETTER_COLUMN])
-    if not pc.any(marked).as_py():
-        return good, None
-    missing = {"topic", "partition", "offset"} - set(data.column_names)
-    if missing:
-        raise DeadLetterError(
-            f"the transform marked rows with {DEAD_LETTER_COLUMN} but dropped {sorted(missing)}; "
-            "dead letters need the Kafka position to find the original record"
-        )
-    dead = data.filter(marked).select(["topic", "partition", "offset", DEAD_LETTER_COLUMN])
-    return good, dead
 
 
 def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
@@ -109,41 +90,6 @@ class RunSummary:
     batch_seconds: list[float] = field(default_factory=list)
 
 
-def _local_path(uri: str) -> Path:
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path if parsed.scheme else uri)
-    raise ValueError(
-        f"the embedded engine needs a local checkpoint path, got {uri!r}: it reads each "
-        "batch's planned end offsets from the checkpoint's offset log"
-    )
-
-
-def checkpoint_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
-    """End offsets Spark planned for ``batch_id``, from the checkpoint's offset log.
-
-    Spark writes ``offsets/<batch_id>`` (version line, metadata line, one line per source)
-    before the batch runs, so it is the authoritative plan, including for a replayed batch.
-    """
-    path = _local_path(checkpoint) / "offsets" / str(batch_id)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if len(lines) < 3:
-        raise CheckpointMismatchError(f"offset log entry {path} has no source offsets")
-    return offsets_from_json(json.loads(lines[2]))
-
-
-def checkpoint_query_id(checkpoint: str) -> str | None:
-    path = _local_path(checkpoint) / "metadata"
-    if not path.exists():
-        return None
-    return str(json.loads(path.read_text(encoding="utf-8").splitlines()[0])["id"])
-
-
-def checkpoint_has_progress(checkpoint: str) -> bool:
-    commits = _local_path(checkpoint) / "commits"
-    return commits.is_dir() and any(p.name.isdigit() for p in commits.iterdir())
-
-
 class Pipeline:
     """A configured streaming query. ``run()`` blocks until caught up (availableNow) or until
     :meth:`request_stop` (processing time); either way the commit-back hook is flushed."""
@@ -163,18 +109,8 @@ class Pipeline:
         self.config = config
         self.exactly_once = exactly_once
         self.transform = transform
-        self.sink = DeltaRsSink(
-            config.delta.table, config.pipeline_id, config.delta.storage_options
-        )
-        self.offset_store = DeltaRsOffsetStore(
-            config.delta.table, config.pipeline_id, config.delta.storage_options
-        )
-        dead_letter_table = config.dead_letter_table
-        self.dead_letter_sink = (
-            DeltaRsSink(dead_letter_table, config.pipeline_id, config.delta.storage_options)
-            if dead_letter_table
-            else None
-        )
+        self.engine: Engine = build_engine(spark, config)
+        self.checkpoint = CheckpointLog(spark, config.checkpoint)
         self.admin = KafkaAdmin(config.kafka.client_config())
         self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
@@ -196,8 +132,8 @@ class Pipeline:
     def resume_point(self) -> StoredOffsets | None:
         """Stored offsets to start from when the checkpoint is new; checks the checkpoint
         and the table agree."""
-        stored = self.offset_store.read()
-        if stored is None and checkpoint_has_progress(self.config.checkpoint):
+        stored = self.engine.offset_store.read()
+        if stored is None and self.checkpoint.has_progress():
             raise CheckpointMismatchError(
                 f"checkpoint {self.config.checkpoint} has committed batches, but table "
                 f"{self.config.delta.table} holds no offsets of pipeline "
@@ -207,25 +143,13 @@ class Pipeline:
             )
         return stored
 
-    def source_options(self, stored: StoredOffsets | None) -> dict[str, str]:
-        kafka = self.config.kafka
-        extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
-        options = {
-            "kafka.bootstrap.servers": kafka.bootstrap_servers,
-            "subscribe": ",".join(kafka.topics),
-            "startingOffsets": kafka.starting_offsets,
-            "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
-            "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
-            "minPartitions": str(self.spark.sparkContext.defaultParallelism),
-            "kafkaConfig": json.dumps(extra),
-        }
-        if kafka.max_records_per_trigger:
-            options["maxRecordsPerTrigger"] = str(kafka.max_records_per_trigger)
-        if stored is not None:
-            options["storedOffsets"] = json.dumps(
-                {t: {str(p): o for p, o in parts.items()} for t, parts in stored.offsets.items()}
-            )
-        return options
+    @property
+    def sink(self) -> Sink:
+        return self.engine.sink
+
+    @property
+    def dead_letter_sink(self) -> Sink | None:
+        return self.engine.dead_letter_sink
 
     def start(self) -> StreamingQuery:
         stored = self.resume_point()
@@ -256,10 +180,7 @@ class Pipeline:
             # Align the group with the table at once: after a run whose commit-back failed,
             # lag tools are right again before the first new batch.
             self.committer.submit(stored.batch_id, stored.offsets)
-        self.spark.dataSource.register(KafkaDataSource)
-        stream = (
-            self.spark.readStream.format(SOURCE_NAME).options(**self.source_options(stored)).load()
-        )
+        stream = self.engine.source.stream(self.spark, stored)
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
@@ -279,7 +200,7 @@ class Pipeline:
 
     def _query_id(self, df: DataFrame) -> str:
         query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-        return query_id or checkpoint_query_id(self.config.checkpoint) or ""
+        return query_id or self.checkpoint.query_id() or ""
 
     def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:
         """Commit the batch's dead letters, idempotently and before the main commit, so a
@@ -308,11 +229,11 @@ class Pipeline:
         checkpoint the offsets the table held at start."""
         if batch_id == 0:
             return self._initial
-        return checkpoint_end_offsets(self.config.checkpoint, batch_id - 1)
+        return self.checkpoint.end_offsets(batch_id - 1)
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        end = checkpoint_end_offsets(self.config.checkpoint, batch_id)
+        end = self.checkpoint.end_offsets(batch_id)
         query_id = self._query_id(df)
         if not query_id:
             raise CheckpointMismatchError("cannot determine the streaming query id")
@@ -322,16 +243,25 @@ class Pipeline:
             batch_id=batch_id,
             end_offsets=end,
         )
-        data = self.transform(df).toArrow()
-        data, dead = split_dead_letters(data)
-        if dead is not None:
-            self._dead_letters(df, dead, commit)
-            self.summary.dead_letters += dead.num_rows
-        crash_point("before_delta_commit")
-        if self.exactly_once:
-            result = self.sink.commit_batch(data, commit, start=self._batch_start(batch_id))
-        else:
-            result = self.sink.append_unprotected(data)
+        out = self.transform(df)
+        if self.config.delta.mode == "upsert":
+            out = out.transform(
+                latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
+            )
+        batch = self.sink.materialize(out)
+        try:
+            if batch.dead is not None:
+                self._dead_letters(df, batch.dead, commit)
+                self.summary.dead_letters += batch.dead.num_rows
+            crash_point("before_delta_commit")
+            if self.exactly_once:
+                result = self.sink.commit_batch(
+                    batch.rows, commit, start=self._batch_start(batch_id)
+                )
+            else:
+                result = self.sink.append_unprotected(batch.rows)
+        finally:
+            batch.release()
         crash_point("after_delta_commit")
 
         hook_started = time.perf_counter()

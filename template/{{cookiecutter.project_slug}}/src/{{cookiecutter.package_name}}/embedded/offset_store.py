@@ -5,11 +5,7 @@ from __future__ import annotations
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ..offsets import StoredOffsets, newest_stored
-
-# History is read newest first in growing pages: the pipeline's own commit is normally the
-# newest, but other writers and maintenance (OPTIMIZE, VACUUM) may have committed since.
-_PAGES = (20, 500, None)
+from ..offsets import StoredOffsets, newest_stored_paged
 
 
 def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
@@ -23,12 +19,7 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaT
 def newest_stored_in(table: DeltaTable, pipeline_id: str) -> StoredOffsets | None:
     """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s snapshot, or
     None (no commit of this pipeline in the retained log)."""
-    for limit in _PAGES:
-        history = table.history(limit)
-        stored = newest_stored(history, pipeline_id)
-        if stored is not None or limit is None or len(history) < limit:
-            return stored
-    return None
+    return newest_stored_paged(table.history, pipeline_id)
 
 
 class DeltaRsOffsetStore:

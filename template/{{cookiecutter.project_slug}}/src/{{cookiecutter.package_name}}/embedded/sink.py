@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
+from pyspark.sql import DataFrame
 
+from ..engine import (
+    FencingError,
+    Materialized,
+    Rows,
+    SinkResult,
+    WriteMode,
+    check_contiguous,
+    split_dead_letters,
+)
 from ..offsets import BatchCommit, Offsets, StoredOffsets, newest_stored, offsets_to_json
 from .offset_store import newest_stored_in, open_table
+
+__all__ = ["DeltaRsSink", "FencingError", "SinkResult", "check_contiguous"]
 
 log = logging.getLogger(__name__)
 
@@ -18,61 +29,8 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 10
 
 
-class FencingError(RuntimeError):
-    """The table's stored offsets are not where this batch starts: another run of the same
-    pipeline committed in between (or the table was restored). Committing would duplicate or
-    skip records, so this run stops."""
-
-
-@dataclass(frozen=True)
-class SinkResult:
-    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed)."""
-
-    written: bool
-    rows: int
-    delta_version: int | None
-
-
-def check_contiguous(
-    stored: StoredOffsets | None, start: Offsets | None, commit: BatchCommit
-) -> None:
-    """Raise :class:`FencingError` unless the batch starts exactly where the table ends.
-
-    ``start`` None skips the check; ``{}`` means the table must hold no offsets of this
-    pipeline yet (first batch of a first run). Only partitions present on both sides are
-    compared: a partition added to a topic, or a topic added to the subscription, has no
-    stored offset yet, and a topic dropped from the subscription keeps its old one.
-    """
-    if start is None:
-        return
-    if stored is None:
-        if not any(start.values()):
-            return
-        problem = "the table holds no offsets of this pipeline"
-    else:
-        moved = [
-            (t, p, o, start[t][p])
-            for t, parts in stored.offsets.items()
-            for p, o in parts.items()
-            if p in start.get(t, {}) and start[t][p] != o
-        ]
-        if not moved and (any(start.values()) or not any(stored.offsets.values())):
-            return
-        detail = "; ".join(f"{t}[{p}] stored {o}, batch starts at {s}" for t, p, o, s in moved)
-        problem = (
-            f"{detail or 'the table already holds offsets'} (written by {stored.app_id} batch "
-            f"{stored.batch_id} at Delta version {stored.delta_version})"
-        )
-    raise FencingError(
-        f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} does not start where the "
-        f"table ends: {problem}. Another run of this pipeline is writing to the same table, or "
-        "the table was restored to another point; this run stops without committing, so "
-        "nothing is duplicated or skipped."
-    )
-
-
 class DeltaRsSink:
-    """Appends each batch to a Delta table in exactly one commit.
+    """Writes each batch to a Delta table in exactly one commit (append or upsert MERGE).
 
     The commit carries the rows, a ``txn`` action ``(app_id, batch_id)`` and the batch's end
     offsets in ``userMetadata``. Before committing, on one snapshot of the table:
@@ -85,7 +43,8 @@ class DeltaRsSink:
     The commit is made with no automatic retry, so it only lands if no one committed since
     that snapshot; on a lost race both checks run again on the new snapshot. Two runs of one
     pipeline therefore cannot both commit a batch, while other writers (OPTIMIZE, other
-    pipelines) merely cost a retry.
+    pipelines) merely cost a retry. An upsert is a delta-rs MERGE with the same commit
+    properties, so it is as atomic, idempotent and fenced as an append.
     """
 
     def __init__(
@@ -93,16 +52,23 @@ class DeltaRsSink:
         table_uri: str,
         pipeline_id: str,
         storage_options: dict[str, str] | None = None,
+        mode: WriteMode | None = None,
     ) -> None:
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
         self.storage_options = dict(storage_options or {})
+        self.mode = mode or WriteMode()
         # (version, this pipeline's newest offsets as of that version): spares re-reading the
         # log when nobody else committed since our own last commit.
         self._known: tuple[int, StoredOffsets | None] | None = None
 
     def _table(self) -> DeltaTable | None:
         return open_table(self.table_uri, self.storage_options)
+
+    def materialize(self, out: DataFrame) -> Materialized:
+        """One ``toArrow`` of the batch to the driver, split in Arrow (no second Spark job)."""
+        rows, dead = split_dead_letters(out.toArrow())
+        return Materialized(rows, dead)
 
     def _append(
         self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties | None
@@ -118,6 +84,23 @@ class DeltaRsSink:
         written = table if table is not None else self._table()
         assert written is not None
         return written.version()
+
+    def _write(self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties) -> int:
+        """Apply the batch in one commit as the mode says; the new version."""
+        # An upsert's first batch (nothing to merge into) is an append, and so is an empty one:
+        # a MERGE without source rows may commit nothing, and the offsets must still advance.
+        if self.mode.kind != "upsert" or table is None or data.num_rows == 0:
+            return self._append(table, data, properties)
+        merger = table.merge(
+            source=data,
+            predicate=self.mode.merge_predicate(),
+            source_alias="s",
+            target_alias="t",
+            commit_properties=properties,
+        )
+        merger = merger.when_matched_update_all(predicate=self.mode.update_predicate())
+        merger.when_not_matched_insert_all().execute()
+        return table.version()
 
     def stored_offsets(self, table: DeltaTable) -> StoredOffsets | None:
         """This pipeline's newest stored offsets as of ``table``'s snapshot."""
@@ -135,17 +118,19 @@ class DeltaRsSink:
         self._known = (version, stored)
         return stored
 
-    def append_unprotected(self, data: pa.Table) -> SinkResult:
+    def append_unprotected(self, rows: Rows) -> SinkResult:
         """Plain append: no txn, no offsets, no fencing. Only for measuring what the
         exactly-once machinery costs (scripts/bench); a pipeline never uses it."""
+        data = _arrow(rows)
         version = self._append(self._table(), data, None)
         return SinkResult(written=True, rows=data.num_rows, delta_version=version)
 
     def commit_batch(
-        self, data: pa.Table, commit: BatchCommit, start: Offsets | None = None
+        self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
-        """Commit ``data`` as batch ``commit``; ``start`` (the batch's start offsets) enables
+        """Commit ``rows`` as batch ``commit``; ``start`` (the batch's start offsets) enables
         the fencing check."""
+        data = _arrow(rows)
         properties = CommitProperties(
             app_transactions=[Transaction(commit.app_id, commit.batch_id)],
             custom_metadata={"userMetadata": commit.user_metadata()},
@@ -165,7 +150,7 @@ class DeltaRsSink:
             stored = self.stored_offsets(table) if table is not None else None
             check_contiguous(stored, start, commit)
             try:
-                version = self._append(table, data, properties)
+                version = self._write(table, data, properties)
             except CommitFailedError as exc:
                 log.info(
                     "batch %d: another commit landed first (%s); re-checking (attempt %d)",
@@ -189,3 +174,7 @@ class DeltaRsSink:
             f"batch {commit.batch_id}: lost the commit race {_MAX_ATTEMPTS} times in a row on "
             f"{self.table_uri}; too many concurrent writers"
         )
+
+
+def _arrow(rows: Rows) -> pa.Table:
+    return rows if isinstance(rows, pa.Table) else rows.toArrow()

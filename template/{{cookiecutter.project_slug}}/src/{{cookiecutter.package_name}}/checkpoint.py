@@ -1,0 +1,100 @@
+"""What the pipeline reads from Spark's checkpoint: each batch's planned end offsets and the
+query id. Both engines' sources write the same offset JSON there.
+
+Spark writes ``offsets/<batch_id>`` (a version line, a metadata line, then one line per source)
+*before* the batch runs, so it is the authoritative plan of ``[start, end)``, for a replayed
+batch too. Reading it, rather than ``max(offset) + 1`` of the data, keeps the end offsets right
+across gaps left by transaction markers and compaction.
+
+A local path (or ``file:``, or a FUSE mount such as ``/Volumes/...`` or ``/dbfs/...`` on
+Databricks) is read directly; any other URI (``s3://``, ``abfss://``, ``dbfs:/``) through Spark
+itself, so the checkpoint may live wherever Spark can write it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+from .offsets import Offsets, offsets_from_json
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The Spark checkpoint and the Delta table disagree in a way that would lose data."""
+
+
+def local_path(location: str) -> Path | None:
+    """The local file system path of ``location``, or None when it is a remote URI."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and location[1:3] in (":\\", ":/")):
+        return Path(location)
+    return None
+
+
+class CheckpointLog:
+    """Read-only view of one streaming checkpoint."""
+
+    def __init__(self, spark: SparkSession | None, location: str) -> None:
+        """``spark`` may be None for a local checkpoint (tools and tests reading one)."""
+        self.spark = spark
+        self.location = location.rstrip("/")
+        self._local = local_path(self.location)
+        if self._local is None and spark is None:
+            raise ValueError(f"reading checkpoint {location!r} needs a Spark session")
+
+    def _read(self, relative: str) -> str | None:
+        """The whole text of a checkpoint file, or None when it does not exist."""
+        if self._local is not None:
+            path = self._local / relative
+            return path.read_text(encoding="utf-8") if path.is_file() else None
+        assert self.spark is not None
+        try:
+            rows = self.spark.read.text(f"{self.location}/{relative}", wholetext=True).collect()
+        except Exception as exc:  # AnalysisException [PATH_NOT_FOUND] and its Connect twin
+            if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
+                return None
+            raise
+        return rows[0][0] if rows else None
+
+    def end_offsets(self, batch_id: int) -> Offsets:
+        """End offsets Spark planned for ``batch_id`` (``{topic: {partition: next offset}}``)."""
+        text = self._read(f"offsets/{batch_id}")
+        if text is None:
+            raise CheckpointMismatchError(
+                f"checkpoint {self.location} has no offset log entry for batch {batch_id}"
+            )
+        lines = text.splitlines()
+        if len(lines) < 3:
+            raise CheckpointMismatchError(
+                f"offset log entry {self.location}/offsets/{batch_id} has no source offsets"
+            )
+        return offsets_from_json(json.loads(lines[2]))
+
+    def query_id(self) -> str | None:
+        """The query id stored in the checkpoint's ``metadata`` file (None before the first
+        start): stable across restarts of this checkpoint, new for a new one."""
+        text = self._read("metadata")
+        if not text:
+            return None
+        return str(json.loads(text.splitlines()[0])["id"])
+
+    def has_progress(self) -> bool:
+        """True once Spark recorded at least one completed batch in ``commits/``."""
+        if self._local is not None:
+            commits = self._local / "commits"
+            return commits.is_dir() and any(p.name.isdigit() for p in commits.iterdir())
+        assert self.spark is not None
+        try:
+            files = self.spark.read.format("binaryFile").load(f"{self.location}/commits")
+            return any(
+                row.path.rsplit("/", 1)[-1].isdigit() for row in files.select("path").collect()
+            )
+        except Exception as exc:
+            if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
+                return False
+            raise

@@ -1,0 +1,1 @@
+"""The cluster engine: Spark's built-in ``kafka`` source and delta-spark (JVM connectors)."""

@@ -1,0 +1,85 @@
+"""Spark's built-in ``kafka`` source, configured from the pipeline config.
+
+Needs the spark-sql-kafka connector (built into Databricks Runtime; elsewhere
+``spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``).
+Its offsets land in the checkpoint's offset log in the same ``{"topic": {"partition": next
+offset}}`` JSON as the embedded source's, so the pipeline reads each batch's end offsets the
+same way for both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..config import KafkaConfig
+from ..kafka_admin import KafkaAdmin
+from ..offsets import Offsets, StoredOffsets, offsets_to_json
+
+# Spark's kafka source: -2 in startingOffsets JSON means a partition's earliest offset, -1 its
+# latest.
+_DEFAULT_OFFSET = {"earliest": -2, "latest": -1}
+
+
+def starting_offsets(
+    stored: Offsets, partitions: Mapping[str, list[int]], default: str
+) -> dict[str, dict[str, int]]:
+    """startingOffsets JSON for a new checkpoint: the stored offset of every subscribed
+    partition, ``default`` (-2 earliest / -1 latest) for one with none stored yet.
+
+    Spark requires every partition of the subscription in the JSON, and it only reads this
+    option when the checkpoint is new; offsets of topics no longer subscribed are left out.
+    """
+    fallback = _DEFAULT_OFFSET[default]
+    return offsets_to_json(
+        {
+            topic: {p: stored.get(topic, {}).get(p, fallback) for p in parts}
+            for topic, parts in partitions.items()
+        }
+    )
+
+
+def spark_kafka_options(
+    kafka: KafkaConfig, starting: str | Mapping[str, Mapping[str, int]], min_partitions: int
+) -> dict[str, str]:
+    """Options of Spark's ``kafka`` format for ``kafka``, starting at ``starting``."""
+    options = {
+        **kafka.jvm_client_options(),
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": starting if isinstance(starting, str) else json.dumps(starting),
+        # I5: offsets Kafka no longer has fail the query instead of being skipped silently.
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+        # The same columns as the embedded source (and the dead-letter table) see.
+        "includeHeaders": "true",
+        "minPartitions": str(min_partitions),
+    }
+    if kafka.max_records_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(kafka.max_records_per_trigger)
+    return options
+
+
+class SparkKafkaSource:
+    """Spark's built-in Kafka source; the consumer group is never used for reading (Spark
+    assigns partitions itself and keeps offsets in the checkpoint)."""
+
+    def __init__(self, kafka: KafkaConfig, admin: KafkaAdmin | None = None) -> None:
+        self.kafka = kafka
+        self._admin = admin
+
+    def starting(self, stored: StoredOffsets | None) -> str | dict[str, dict[str, int]]:
+        if stored is None:
+            return self.kafka.starting_offsets
+        admin = self._admin or KafkaAdmin(self.kafka.client_config())
+        partitions = admin.partitions(self.kafka.topics)
+        return starting_offsets(stored.offsets, partitions, self.kafka.starting_offsets)
+
+    def stream(self, spark: SparkSession, stored: StoredOffsets | None) -> DataFrame:
+        try:
+            parallelism = spark.sparkContext.defaultParallelism
+        except Exception:  # Spark Connect has no SparkContext
+            parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
+        options = spark_kafka_options(self.kafka, self.starting(stored), parallelism)
+        return spark.readStream.format("kafka").options(**options).load()

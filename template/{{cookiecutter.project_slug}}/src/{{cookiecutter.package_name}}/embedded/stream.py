@@ -1,0 +1,44 @@
+"""Opens the embedded engine's stream: the config mapped onto the Python Kafka data source."""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..config import KafkaConfig
+from ..offsets import StoredOffsets, offsets_to_json
+from .source import SOURCE_NAME, KafkaDataSource
+
+
+def embedded_source_options(
+    kafka: KafkaConfig, stored: StoredOffsets | None, min_partitions: int
+) -> dict[str, str]:
+    """Options of the ``kafka_embedded`` data source (see :mod:`.source`) for ``kafka``."""
+    extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": kafka.starting_offsets,
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+        "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
+        "minPartitions": str(min_partitions),
+        "kafkaConfig": json.dumps(extra),
+    }
+    if kafka.max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = str(kafka.max_records_per_trigger)
+    if stored is not None:
+        options["storedOffsets"] = json.dumps(offsets_to_json(stored.offsets))
+    return options
+
+
+class EmbeddedSource:
+    """Python data source on confluent-kafka: needs no JVM connector jars."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+
+    def stream(self, spark: SparkSession, stored: StoredOffsets | None) -> DataFrame:
+        spark.dataSource.register(KafkaDataSource)
+        options = embedded_source_options(self.kafka, stored, spark.sparkContext.defaultParallelism)
+        return spark.readStream.format(SOURCE_NAME).options(**options).load()

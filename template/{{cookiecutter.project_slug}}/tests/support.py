@@ -1,0 +1,52 @@
+"""Assertions shared by the end-to-end suites. They read tables with delta-rs and Kafka with
+confluent-kafka directly: an independent check of whatever engine wrote the table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
+from {{ cookiecutter.package_name }}.config import PipelineConfig
+from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetStore
+from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin, total_lag
+
+
+def table_ids(cfg: PipelineConfig) -> Counter[int]:
+    return Counter(DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist())
+
+
+def assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:
+    """Every id 0..produced-1 is in the table exactly once."""
+    ids = table_ids(cfg)
+    assert set(ids) == set(range(produced)), set(range(produced)) ^ set(ids)
+    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
+
+
+def last_batch(cfg: PipelineConfig) -> int:
+    return max(
+        int(p.name) for p in (Path(cfg.checkpoint) / "commits").iterdir() if p.name.isdigit()
+    )
+
+
+def forget_last_spark_commit(cfg: PipelineConfig) -> None:
+    """Leave the state a crash between the Delta commit and Spark's commit leaves behind:
+    the last batch is in the table, but Spark has not recorded it, so it re-runs it."""
+    last = last_batch(cfg)
+    for entry in (str(last), f".{last}.crc"):
+        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
+
+
+def assert_offsets_agree(cfg: PipelineConfig) -> None:
+    """stored offsets == last batch's planned end offsets == group's committed == latest."""
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
+    assert stored is not None
+    planned = CheckpointLog(None, cfg.checkpoint).end_offsets(last_batch(cfg))
+    partitions = admin.partitions(cfg.kafka.topics)
+    committed = admin.committed(cfg.kafka.consumer_group, partitions)
+    latest = admin.latest(partitions)
+    assert stored.offsets == planned == committed == latest
+    assert total_lag(latest, committed) == 0

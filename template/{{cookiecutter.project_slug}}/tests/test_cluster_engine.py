@@ -1,0 +1,192 @@
+"""The cluster engine's pieces that need no connector jars, on a real SparkSession: config to
+Spark kafka source options, writer options, the MERGE session confs, history paging, and a clear
+stop when the jars are missing. Its end-to-end proofs are in test_engine_contract.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
+from {{ cookiecutter.package_name }}.cluster.offset_store import history_reader
+from {{ cookiecutter.package_name }}.cluster.sink import (
+    TXN_APP_ID_CONF,
+    TXN_VERSION_CONF,
+    USER_METADATA_CONF,
+    append_options,
+    delta_txn_confs,
+)
+from {{ cookiecutter.package_name }}.cluster.source import SparkKafkaSource, spark_kafka_options
+from {{ cookiecutter.package_name }}.config import KafkaConfig, PipelineConfig
+from {{ cookiecutter.package_name }}.engine import (
+    ConnectorMissingError,
+    build_engine,
+    missing_connectors,
+)
+from {{ cookiecutter.package_name }}.offsets import (
+    BatchCommit,
+    StoredOffsets,
+    newest_stored_paged,
+    parse_user_metadata,
+)
+
+COMMIT = BatchCommit("orders", "orders.q-1", 7, {"orders": {0: 120, 1: 80}})
+
+
+def _kafka(**overrides: object) -> KafkaConfig:
+    return KafkaConfig.model_validate(
+        {
+            "bootstrap_servers": "b1:9092,b2:9092",
+            "topics": ["orders", "payments"],
+            "consumer_group": "g",
+            **overrides,
+        }
+    )
+
+
+class _Admin:
+    """Stands in for the metadata query: partitions per topic."""
+
+    def partitions(self, topics):
+        return {"orders": [0, 1, 2], "payments": [0]}
+
+
+def test_config_maps_to_sparks_kafka_source_options() -> None:
+    kafka = _kafka(
+        max_records_per_trigger=1000,
+        fail_on_data_loss=False,
+        jvm_client={"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"},
+        client={"fetch.wait.max.ms": 100},  # librdkafka only: not for the Java client
+    )
+
+    options = spark_kafka_options(kafka, "earliest", 4)
+
+    assert options == {
+        "kafka.bootstrap.servers": "b1:9092,b2:9092",
+        "subscribe": "orders,payments",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "false",
+        "includeHeaders": "true",
+        "minPartitions": "4",
+        "maxOffsetsPerTrigger": "1000",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+    }
+    assert (
+        spark_kafka_options(_kafka(max_records_per_trigger=None), "latest", 1)["failOnDataLoss"]
+        == "true"
+    )
+    assert "maxOffsetsPerTrigger" not in spark_kafka_options(
+        _kafka(max_records_per_trigger=None), "latest", 1
+    )
+
+
+def test_a_new_checkpoint_starts_at_the_stored_offsets_of_every_subscribed_partition() -> None:
+    stored = StoredOffsets({"orders": {0: 50, 1: 7}, "gone": {0: 3}}, 4, "orders.q", 2)
+
+    source = SparkKafkaSource(_kafka(), admin=_Admin())
+    starting = source.starting(stored)
+    options = spark_kafka_options(_kafka(), starting, 2)
+
+    # Spark wants every partition: -2 (earliest) where nothing is stored; no unsubscribed topic.
+    assert json.loads(options["startingOffsets"]) == {
+        "orders": {"0": 50, "1": 7, "2": -2},
+        "payments": {"0": -2},
+    }
+    latest_default = SparkKafkaSource(_kafka(starting_offsets="latest"), admin=_Admin())
+    assert latest_default.starting(stored)["payments"] == {"0": -1}
+    assert source.starting(None) == "earliest"
+
+
+def test_append_carries_txn_and_offsets_as_writer_options() -> None:
+    options = append_options(COMMIT)
+
+    assert options["txnAppId"] == "orders.q-1"
+    assert options["txnVersion"] == "7"
+    assert parse_user_metadata(options["userMetadata"], "orders") == COMMIT
+
+
+def test_merge_session_confs_are_set_inside_the_batch_and_cleared_after_it(spark) -> None:
+    spark.conf.set(USER_METADATA_CONF, "someone else's")
+    seen = {}
+
+    with delta_txn_confs(spark, COMMIT):
+        seen = {k: spark.conf.get(k, None) for k in (TXN_APP_ID_CONF, TXN_VERSION_CONF)}
+        inside_metadata = spark.conf.get(USER_METADATA_CONF)
+
+    assert seen == {TXN_APP_ID_CONF: "orders.q-1", TXN_VERSION_CONF: "7"}
+    assert parse_user_metadata(inside_metadata, "orders") == COMMIT
+    assert spark.conf.get(TXN_APP_ID_CONF, None) is None
+    assert spark.conf.get(TXN_VERSION_CONF, None) is None
+    assert spark.conf.get(USER_METADATA_CONF) == "someone else's"
+    spark.conf.unset(USER_METADATA_CONF)
+
+
+def test_merge_session_confs_are_cleared_even_when_the_merge_fails(spark) -> None:
+    with pytest.raises(RuntimeError, match="merge failed"), delta_txn_confs(spark, COMMIT):
+        raise RuntimeError("merge failed")
+
+    for key in (TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF):
+        assert spark.conf.get(key, None) is None, key
+
+
+class _History:
+    """A DeltaTable stand-in whose history() is a real Spark DataFrame, newest first."""
+
+    def __init__(self, spark, rows: list[tuple[int, str | None]]) -> None:
+        self.spark, self.rows, self.limits = spark, rows, []
+
+    def history(self, limit: int | None = None):
+        self.limits.append(limit)
+        rows = self.rows if limit is None else self.rows[:limit]
+        return self.spark.createDataFrame(rows, "version long, userMetadata string")
+
+
+def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
+    ours = BatchCommit("orders", "orders.q", 3, {"orders": {0: 9}}).user_metadata()
+    other = BatchCommit("refunds", "refunds.q", 8, {"r": {0: 1}}).user_metadata()
+    rows = [(100 - i, other if i % 2 else None) for i in range(30)] + [(70, ours)]
+    table = _History(spark, rows)
+
+    stored = newest_stored_paged(history_reader(table), "orders")
+
+    assert stored == StoredOffsets({"orders": {0: 9}}, 70, "orders.q", 3)
+    assert table.limits == [20, 500]
+    assert newest_stored_paged(history_reader(_History(spark, rows[:5])), "orders") is None
+
+
+def test_checkpoint_is_read_through_spark_when_it_is_not_a_local_path(
+    spark, tmp_path: Path
+) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"o":{"0":12,"1":5}}\n')
+    (tmp_path / "metadata").write_text('{"id":"0b5c-query"}\n')
+    log = CheckpointLog(spark, str(tmp_path))
+    log._local = None  # as for s3:// or abfss://: every read goes through spark.read
+
+    assert log.end_offsets(4) == {"o": {0: 12, 1: 5}}
+    assert log.query_id() == "0b5c-query"
+    assert not log.has_progress()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / "4").write_text("v1\n{}\n")
+    assert log.has_progress()
+
+
+def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: Path) -> None:
+    if not missing_connectors(spark, ["delta-spark", "spark-sql-kafka"]):
+        pytest.skip("the connector jars are on the classpath: the engine can run")
+    cfg = PipelineConfig.model_validate(
+        {
+            "pipeline_id": "p",
+            "engine": "cluster",
+            "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["o"], "consumer_group": "g"},
+            "delta": {"table": str(tmp_path / "t")},
+            "checkpoint": str(tmp_path / "c"),
+        }
+    )
+
+    with pytest.raises(ConnectorMissingError, match=r"run_cluster_local\.sh"):
+        build_engine(spark, cfg)
+    assert not (tmp_path / "t").exists()
