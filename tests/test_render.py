@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -32,6 +33,13 @@ TEMPLATE_DEFAULTS = json.loads((TEMPLATE / "cookiecutter.json").read_text(encodi
 # clone of the repository; they are not rendered output.
 CACHE_DIRS = {".ruff_cache", ".pytest_cache", ".mypy_cache", "__pycache__"}
 TEMPLATE_MARKERS = (b"{{", b"{%", b"%}")
+# Databricks' own secret references ({{secrets/<scope>/<key>}}) belong in databricks.yml.
+DATABRICKS_SECRET_REF = re.compile(rb"\{\{secrets/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\}\}")
+# What each engine answer puts in conf/local.yaml (conf/databricks.yaml is always "cluster").
+ENGINE_PARTS = {
+    "embedded": {"source": "embedded", "sink": "delta_rs"},
+    "cluster": {"source": "spark_kafka", "sink": "delta_spark"},
+}
 
 # Runs in a fresh interpreter so the generated package is imported the way its users import
 # it, and nothing of one rendered project leaks into another.
@@ -106,7 +114,7 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
         if any(marker.decode() in str(relative) for marker in TEMPLATE_MARKERS):
             leftovers.append(f"{relative} (name)")
         if path.is_file():
-            content = path.read_bytes()
+            content = DATABRICKS_SECRET_REF.sub(b"", path.read_bytes())
             leftovers += [f"{relative}: {m.decode()}" for m in TEMPLATE_MARKERS if m in content]
     assert not leftovers, f"unrendered template syntax: {leftovers}"
 
@@ -117,8 +125,15 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
     assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
     assert (project / "src" / package / "main.py").is_file()
 
+    bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))
+    assert bundle["bundle"]["name"] == slug
+    (job,) = bundle["resources"]["jobs"].values()
+    assert job["tasks"][0]["python_wheel_task"]["entry_point"] == slug
+
     conf_files = sorted((project / "conf").glob("*.yaml"))
-    assert project / "conf" / "local.yaml" in conf_files
+    assert {project / "conf" / "local.yaml", project / "conf" / "databricks.yaml"} <= set(
+        conf_files
+    )
     for conf in conf_files:
         raw = yaml.safe_load(conf.read_text(encoding="utf-8"))
         assert raw["kafka"]["topics"] == topic_list(answers["topics"]), conf.name
@@ -130,7 +145,8 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
         assert cfg["kafka"]["consumer_group"] == answers["consumer_group"]
         assert cfg["kafka"]["bootstrap_servers"] == answers["kafka_bootstrap_servers"]
         assert cfg["pipeline_id"] == answers["pipeline_id"]
-        assert cfg["engine"] == answers["engine"]
+        expected_engine = "cluster" if conf.name == "databricks.yaml" else answers["engine"]
+        assert cfg["engine"] == ENGINE_PARTS[expected_engine], conf.name
     return {Path(path).name: cfg for path, cfg in configs.items()}
 
 
@@ -197,7 +213,7 @@ def test_embedded_local_preset_renders_the_demo_project(tmp_path: Path) -> None:
     assert rendered.project.name == "orders-stream"
     assert configs["local.yaml"]["kafka"]["topics"] == ["orders", "payments"]
     assert configs["local.yaml"]["kafka"]["bootstrap_servers"] == "127.0.0.1:9092"
-    assert configs["local.yaml"]["engine"] == "embedded"
+    assert configs["local.yaml"]["engine"] == ENGINE_PARTS["embedded"]
 
 
 def test_awkward_answers_render_files_that_still_parse(tmp_path: Path) -> None:
@@ -357,9 +373,23 @@ def test_invalid_answer_fails_the_cookiecutter_cli_with_its_message(tmp_path: Pa
 def test_engine_missing_from_the_template_choices_is_refused(tmp_path: Path) -> None:
     # cookiecutter itself refuses a value outside a choice variable, before the hook runs.
     with pytest.raises(ValueError, match="choice variable engine"):
-        render(tmp_path, extra_context={"engine": "cluster"})
+        render(tmp_path, extra_context={"engine": "flink"})
 
     assert_no_project_left(tmp_path)
+
+
+def test_cluster_engine_answer_renders_a_project_whose_local_config_uses_it(
+    tmp_path: Path,
+) -> None:
+    rendered = render(tmp_path, extra_context={"engine": "cluster"})
+
+    configs = assert_is_valid_project(rendered)
+
+    assert configs["local.yaml"]["engine"] == ENGINE_PARTS["cluster"]
+    assert configs["databricks.yaml"]["engine"] == ENGINE_PARTS["cluster"]
+    assert (rendered.project / "scripts" / "run_cluster_local.sh").stat().st_mode & 0o111
+    bundle = yaml.safe_load((rendered.project / "databricks.yml").read_text(encoding="utf-8"))
+    assert bundle["bundle"]["name"] == rendered.answers["project_slug"]
 
 
 # --- the hook's rules, called directly -----------------------------------------------------
@@ -369,8 +399,9 @@ def test_hook_refuses_an_engine_it_does_not_support() -> None:
     hook = load_hook()
 
     assert hook.validate({"engine": "embedded"}) == []
-    assert hook.validate({"engine": "cluster"}) == [
-        "engine 'cluster' is not supported; choose one of: embedded."
+    assert hook.validate({"engine": "cluster"}) == []
+    assert hook.validate({"engine": "flink"}) == [
+        "engine 'flink' is not supported; choose one of: cluster, embedded."
     ]
 
 

@@ -34,8 +34,9 @@ _ANSWERS_JSON = r"""
 }
 """
 
-# Adding an engine (e.g. "cluster") means adding it here and to cookiecutter.json's choices.
-SUPPORTED_ENGINES = frozenset({"embedded"})
+# The engine of conf/local.yaml (conf/databricks.yaml always uses "cluster"). Adding one means
+# adding it here, to cookiecutter.json's choices and to config.py's ENGINE_PRESETS.
+SUPPORTED_ENGINES = frozenset({"embedded", "cluster"})
 
 # A package with one of these names would shadow (or be shadowed by) a module the generated
 # project imports: tests put src/ first on sys.path, so `import yaml` would load the project.

@@ -3,6 +3,7 @@
 #   scripts/run_local.sh --env local --bootstrap-servers 127.0.0.1:9092 [--trigger processing-time]
 # Spark's Python workers import the package by name: they get src/ through PYTHONPATH and run
 # this same interpreter (PYSPARK_PYTHON), or they fail with "Python worker failed to connect back".
+# SPARK_SUBMIT_EXTRA adds spark-submit options (scripts/run_cluster_local.sh passes --packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
@@ -10,7 +11,8 @@ export PYSPARK_PYTHON="$PYTHON" PYSPARK_DRIVER_PYTHON="$PYTHON"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
 [ -x "$SPARK_SUBMIT" ] || SPARK_SUBMIT=spark-submit
-exec "$SPARK_SUBMIT" --master "${SPARK_MASTER:-local[2]}" \
+# shellcheck disable=SC2086
+exec "$SPARK_SUBMIT" --master "${SPARK_MASTER:-local[2]}" ${SPARK_SUBMIT_EXTRA:-} \
   --conf spark.ui.showConsoleProgress=false \
   --driver-java-options "-Dlog4j2.configurationFile=file:$PWD/conf/log4j2.properties" \
   src/{{ cookiecutter.package_name }}/main.py "$@"
