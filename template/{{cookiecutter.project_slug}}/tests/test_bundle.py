@@ -20,6 +20,13 @@ PROJECT = Path(__file__).resolve().parents[1]
 BUNDLE = PROJECT / "databricks.yml"
 
 
+def _pip(*args: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
 def bundle() -> dict:
     return yaml.safe_load(BUNDLE.read_text(encoding="utf-8"))
@@ -28,23 +35,7 @@ def bundle() -> dict:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(PROJECT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(PROJECT))
     (built,) = out.glob("*.whl")
     return built
 
@@ -113,23 +104,7 @@ def test_wheel_leaves_pyspark_and_delta_spark_to_the_runtime(wheel: Path) -> Non
 
 def test_wheels_console_script_prints_help(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    install = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-index",
-            "--target",
-            str(target),
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert install.returncode == 0, install.stdout + install.stderr
+    _pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel))
     (script,) = (target / "bin").glob("{{ cookiecutter.project_slug }}")
 
     result = subprocess.run(

@@ -199,7 +199,12 @@ class Pipeline:
     # -- the micro-batch --------------------------------------------------------------------
 
     def _query_id(self, df: DataFrame) -> str:
-        query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        """The checkpoint's query id: Spark's local property inside foreachBatch, else (Spark
+        Connect has no SparkContext) the id stored in the checkpoint's metadata file."""
+        try:
+            query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        except Exception:
+            query_id = None
         return query_id or self.checkpoint.query_id() or ""
 
     def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:

@@ -108,8 +108,9 @@ class DeltaSparkSink:
 
     def append_unprotected(self, rows: Rows) -> SinkResult:
         frame = self._frame(rows)
+        count = frame.count()
         frame.write.format("delta").mode("append").save(self.table_uri)
-        return SinkResult(written=True, rows=-1, delta_version=None)
+        return SinkResult(written=True, rows=count, delta_version=None)
 
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
