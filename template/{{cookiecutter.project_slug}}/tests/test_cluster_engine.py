@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
 from {{ cookiecutter.package_name }}.cluster.offset_store import history_reader
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.engine import (
     build_engine,
     missing_connectors,
 )
+from {{ cookiecutter.package_name }}.main import main
 from {{ cookiecutter.package_name }}.offsets import (
     BatchCommit,
     StoredOffsets,
@@ -190,3 +192,25 @@ def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: 
     with pytest.raises(ConnectorMissingError, match=r"run_cluster_local\.sh"):
         build_engine(spark, cfg)
     assert not (tmp_path / "t").exists()
+
+
+def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_them(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if not missing_connectors(spark, ["delta-spark", "spark-sql-kafka"]):
+        pytest.skip("the connector jars are on the classpath: the engine can run")
+    project = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((project / "conf" / "local.yaml").read_text())
+    data["delta"]["table"] = str(tmp_path / "table")
+    data["checkpoint"] = str(tmp_path / "checkpoint")
+    (tmp_path / "conf").mkdir()
+    config = tmp_path / "conf" / "local.yaml"
+    config.write_text(yaml.safe_dump(data))
+
+    code = main(["--config", str(config), "--engine", "cluster"])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "needs the delta-spark and spark-sql-kafka jars" in err, err
+    assert "run_cluster_local.sh" in err
+    assert not (tmp_path / "table").exists() and not (tmp_path / "checkpoint").exists()
