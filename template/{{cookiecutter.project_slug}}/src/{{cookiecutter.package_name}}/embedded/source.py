@@ -19,15 +19,17 @@ tasks run), ``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -339,16 +341,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin = None
 
 
-def _consumer(client_config: tuple[tuple[str, str], ...]) -> Any:
-    """A consumer for one read task, closed when the task ends.
+def consumer_config(client_config: Mapping[str, str], records: int) -> dict[str, str]:
+    """librdkafka settings of a read task's consumer that will read ``records`` records.
 
-    Consumers are deliberately not kept across tasks: a consumer that outlives a topic's
-    deletion and re-creation crashed its Python worker (librdkafka 2.16 on Tansu 0.6, seen in
-    the data-loss test); a new consumer per task costs a few milliseconds.
+    Two prefetch defaults are tuned for bounded reads (the user's client settings win):
+
+    - ``fetch.queue.backoff.ms``: once ``queued.min.messages`` are prefetched, librdkafka
+      waits this long before fetching again. Its default (1 s) stalled every task reading
+      more than ~100k records for most of a second; 10 ms keeps the fetcher just ahead of
+      the reader with the same bounded queue (2.5x faster reads of 250k-record ranges).
+    - ``queued.min.messages``: no more than the task's range (at most librdkafka's default
+      100k), so a task does not fetch and parse up to 100k records past its end.
     """
-    from confluent_kafka import Consumer
-
-    conf = dict(client_config)
+    conf = {
+        "fetch.queue.backoff.ms": "10",
+        "queued.min.messages": str(max(1, min(100_000, records))),
+    }
+    conf.update(client_config)
     conf.update(
         {
             # Never part of a group: offsets come from the plan, and the group is written
@@ -361,15 +370,104 @@ def _consumer(client_config: tuple[tuple[str, str], ...]) -> Any:
             "auto.offset.reset": "error",
         }
     )
+    return conf
+
+
+def _consumer(task: OffsetRange) -> Any:
+    """A consumer for one read task, closed when the task ends.
+
+    Consumers are deliberately not kept across tasks: a consumer that outlives a topic's
+    deletion and re-creation crashed its Python worker (librdkafka 2.16 on Tansu 0.6, seen in
+    the data-loss test); a new consumer per task costs a few milliseconds.
+    """
+    from confluent_kafka import Consumer
+
+    conf = consumer_config(dict(task.client_config), task.end - task.start)
     return Consumer(conf)
 
 
-def _to_batch(rows: dict[str, list[Any]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)
+def to_record_batch(topic: str, partition: int, messages: Sequence[Any]) -> pa.RecordBatch:
+    """The records of one topic-partition as one Arrow batch of :data:`ARROW_SCHEMA`.
+
+    Column by column rather than row by row: one list comprehension per message accessor and
+    Arrow conversions of whole lists cost a fraction of eight ``append`` calls per record, and
+    this runs for every record the pipeline reads. topic and partition are the same for the
+    whole batch, so they are repeated scalars; headers are built only when a record has some.
+    """
+    n = len(messages)
+    stamps = [m.timestamp() for m in messages]  # (type, milliseconds) pairs
+    # Two comprehensions, not zip(*stamps): unpacking 50k arguments is ~40x slower.
+    types = pa.array([t for t, _ in stamps], pa.int32())
+    millis = pa.array([ms for _, ms in stamps], pa.int64())
+    # Kafka's timestamp type 0 is "not available" (null in Spark); Spark numbers the others
+    # from 0 (CreateTime) where librdkafka starts at 1. A negative timestamp means "none" too.
+    has_type = pc.not_equal(types, 0)
+    has_time = pc.and_(has_type, pc.greater_equal(millis, 0))
+    micros = pc.multiply(millis, 1000)
+    if not pc.all(has_time).as_py():
+        micros = pc.if_else(has_time, micros, pa.scalar(None, pa.int64()))
+    ts_type = pc.max_element_wise(pc.subtract(types, 1), 0)
+    if not pc.all(has_type).as_py():
+        ts_type = pc.if_else(has_type, ts_type, pa.scalar(None, pa.int32()))
+    headers = [m.headers() for m in messages]
+    header_type = ARROW_SCHEMA.field("headers").type
+    arrays = [
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.repeat(pa.scalar(partition, pa.int32()), n),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        micros.cast(ARROW_SCHEMA.field("timestamp").type),
+        ts_type,
+        pa.array(
+            [[{"key": k, "value": v} for k, v in h] if h else None for h in headers],
+            header_type,
+        )
+        if any(headers)
+        else pa.nulls(n, header_type),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def _empty_rows() -> dict[str, list[Any]]:
-    return {name: [] for name in ARROW_SCHEMA.names}
+def _records_before_end(
+    task: OffsetRange, messages: list[Any], position: int
+) -> tuple[list[Any], int]:
+    """(the records of ``messages`` inside the task's range, the position after them).
+
+    The position moves to the first offset at or past ``end`` (the read stops there), or to
+    the end of the partition the broker reports, or past the last record kept.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    # "is not None" per message, never list.count(None): KafkaError raises on == None.
+    if not [m for m in messages if m.error() is not None]:
+        # The common case, no error in the chunk: cut it with a binary search, since Kafka
+        # delivers one partition's records in offset order.
+        offsets = [m.offset() for m in messages]
+        if offsets[-1] < task.end:
+            return messages, offsets[-1] + 1
+        cut = bisect.bisect_left(offsets, task.end)
+        return messages[:cut], offsets[cut]
+    # Rare (mostly the end-of-partition event after a range's last record): one by one.
+    kept = []
+    for msg in messages:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                position = max(position, msg.offset())
+                continue
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise DataLossError(
+                    f"{task.topic}[{task.partition}]: offset {position} is out of "
+                    f"range ({err.str()}); the records were deleted from Kafka"
+                )
+            raise KafkaException(err)
+        offset = msg.offset()
+        if offset >= task.end:
+            return kept, offset
+        kept.append(msg)
+        position = offset + 1
+    return kept, position
 
 
 def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -379,13 +477,13 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     leave gaps, so reading stops at the first record at or past ``end - 1``, or when the
     broker reports the end of the partition at or past ``end``.
     """
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import TopicPartition
 
     if task.end <= task.start:
         return
-    consumer = _consumer(task.client_config)
+    consumer = _consumer(task)
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
-    rows = _empty_rows()
+    pending: list[Any] = []
     deadline = time.monotonic() + task.poll_timeout_ms / 1000
     position = task.start
     try:
@@ -404,40 +502,13 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
                 continue
             deadline = time.monotonic() + task.poll_timeout_ms / 1000
             crash_point("mid_read")
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, msg.offset())
-                        continue
-                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise DataLossError(
-                            f"{task.topic}[{task.partition}]: offset {position} is out of "
-                            f"range ({err.str()}); the records were deleted from Kafka"
-                        )
-                    raise KafkaException(err)
-                offset = msg.offset()
-                if offset >= task.end:
-                    position = offset
-                    break
-                position = offset + 1
-                ts_type, ts = msg.timestamp()
-                headers = msg.headers()
-                rows["key"].append(msg.key())
-                rows["value"].append(msg.value())
-                rows["topic"].append(task.topic)
-                rows["partition"].append(task.partition)
-                rows["offset"].append(offset)
-                rows["timestamp"].append(ts * 1000 if ts_type and ts >= 0 else None)
-                rows["timestampType"].append(max(0, ts_type - 1) if ts_type else None)
-                rows["headers"].append(
-                    [{"key": k, "value": v} for k, v in headers] if headers else None
-                )
-            if len(rows["offset"]) >= _ROWS_PER_ARROW_BATCH:
-                yield _to_batch(rows)
-                rows = _empty_rows()
-        if rows["offset"]:
-            yield _to_batch(rows)
+            kept, position = _records_before_end(task, messages, position)
+            pending.extend(kept)
+            if len(pending) >= _ROWS_PER_ARROW_BATCH:
+                yield to_record_batch(task.topic, task.partition, pending)
+                pending = []
+        if pending:
+            yield to_record_batch(task.topic, task.partition, pending)
     finally:
         consumer.close()
 
