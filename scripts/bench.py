@@ -170,6 +170,10 @@ def _consumer(bootstrap: str, group: str) -> Any:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
+            # The prefetch setting the embedded source's read tasks use by default: with
+            # librdkafka's 1 s default, every ~100k records the fetcher sleeps most of a second
+            # after filling its queue, and the "limit" row would measure that sleep.
+            "fetch.queue.backoff.ms": 10,
             **CLIENT,
         }
     )
