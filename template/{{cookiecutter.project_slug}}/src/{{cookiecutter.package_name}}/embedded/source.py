@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -394,6 +393,9 @@ def to_record_batch(topic: str, partition: int, messages: Sequence[Any]) -> pa.R
     this runs for every record the pipeline reads. topic and partition are the same for the
     whole batch, so they are repeated scalars; headers are built only when a record has some.
     """
+    # Imported here: only read tasks need it, and it costs every planning process ~30 ms.
+    import pyarrow.compute as pc
+
     n = len(messages)
     stamps = [m.timestamp() for m in messages]  # (type, milliseconds) pairs
     # Two comprehensions, not zip(*stamps): unpacking 50k arguments is ~40x slower.
