@@ -228,10 +228,11 @@ def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
 
 def split_dead_letters_df(out: DataFrame) -> Materialized:
     """:func:`split_dead_letters` for a sink that writes DataFrames: ``out`` is cached so the
-    dead-letter check and the write compute the transform once."""
-    if DEAD_LETTER_COLUMN not in out.columns:
-        return Materialized(out, None)
+    dead-letter check, the row count and the write compute the transform (and read Kafka)
+    once."""
     cached = out.persist()
+    if DEAD_LETTER_COLUMN not in out.columns:
+        return Materialized(cached, None, release=cached.unpersist)
     marked = F.col(DEAD_LETTER_COLUMN).isNotNull()
     dead_rows = cached.filter(marked)
     dead: pa.Table | None = None
