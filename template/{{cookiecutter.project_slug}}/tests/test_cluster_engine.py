@@ -25,6 +25,7 @@ from {{ cookiecutter.package_name }}.engine import (
     ConnectorMissingError,
     build_engine,
     missing_connectors,
+    split_dead_letters_df,
 )
 from {{ cookiecutter.package_name }}.main import main
 from {{ cookiecutter.package_name }}.offsets import (
@@ -132,6 +133,28 @@ def test_merge_session_confs_are_cleared_even_when_the_merge_fails(spark) -> Non
 
     for key in (TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF):
         assert spark.conf.get(key, None) is None, key
+
+
+def test_a_batch_for_delta_spark_is_split_in_spark_and_cached_once(spark) -> None:
+    out = spark.createDataFrame(
+        [(1, "o", 0, 10, None), (2, "o", 0, 11, "malformed JSON"), (3, "o", 1, 4, None)],
+        "id long, topic string, partition int, offset long, _error string",
+    )
+
+    batch = split_dead_letters_df(out)
+
+    assert sorted(r.id for r in batch.rows.collect()) == [1, 3]
+    assert "_error" not in batch.rows.columns
+    assert batch.dead is not None
+    assert batch.dead.to_pylist() == [
+        {"topic": "o", "partition": 0, "offset": 11, "_error": "malformed JSON"}
+    ]
+    clean = split_dead_letters_df(out.filter("_error IS NULL").drop("_error"))
+    assert clean.dead is None and clean.rows.count() == 2
+    # Either way the count and the write read the cached batch, not Kafka a second time.
+    for split in (batch, clean):
+        assert "InMemoryRelation" in split.rows._jdf.queryExecution().optimizedPlan().toString()
+        split.release()
 
 
 class _History:
