@@ -29,6 +29,11 @@ def history_reader(table: Any) -> Any:
     return read
 
 
+def newest_stored_in(table: Any, pipeline_id: str) -> StoredOffsets | None:
+    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s log, or None."""
+    return newest_stored_paged(history_reader(table), pipeline_id)
+
+
 class DeltaSparkOffsetStore:
     """Same tag and skipping rules as the delta-rs store: commits without this pipeline's tag
     (other writers, OPTIMIZE, VACUUM) are passed over."""
@@ -40,6 +45,4 @@ class DeltaSparkOffsetStore:
 
     def read(self) -> StoredOffsets | None:
         table = delta_table(self.spark, self.table_uri)
-        if table is None:
-            return None
-        return newest_stored_paged(history_reader(table), self.pipeline_id)
+        return None if table is None else newest_stored_in(table, self.pipeline_id)

@@ -38,8 +38,8 @@ from ..engine import (
     check_contiguous,
     split_dead_letters_df,
 )
-from ..offsets import BatchCommit, Offsets, StoredOffsets, newest_stored_paged
-from .offset_store import delta_table, history_reader
+from ..offsets import BatchCommit, Offsets
+from .offset_store import delta_table, newest_stored_in
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,6 @@ class DeltaSparkSink:
     def _frame(self, rows: Rows) -> DataFrame:
         return rows if isinstance(rows, DataFrame) else self.spark.createDataFrame(rows)
 
-    def stored_offsets(self) -> StoredOffsets | None:
-        table = delta_table(self.spark, self.table_uri)
-        return (
-            None if table is None else newest_stored_paged(history_reader(table), self.pipeline_id)
-        )
-
     def append_unprotected(self, rows: Rows) -> SinkResult:
         frame = self._frame(rows)
         count = frame.count()
@@ -115,7 +109,9 @@ class DeltaSparkSink:
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
-        stored = self.stored_offsets()
+        # One handle for the checks and the write; its history() reads the log as it is now.
+        table = delta_table(self.spark, self.table_uri)
+        stored = newest_stored_in(table, self.pipeline_id) if table is not None else None
         if (
             stored is not None
             and stored.app_id == commit.app_id
@@ -131,7 +127,6 @@ class DeltaSparkSink:
         check_contiguous(stored, start, commit)
         frame = self._frame(rows)
         count = frame.count()
-        table = delta_table(self.spark, self.table_uri)
         if self.mode.kind == "upsert" and table is not None and count > 0:
             merge = (
                 table.alias("t")
@@ -147,7 +142,8 @@ class DeltaSparkSink:
             frame.write.format("delta").mode("append").options(**append_options(commit)).save(
                 self.table_uri
             )
-        after = self.stored_offsets()
+        written = table if table is not None else delta_table(self.spark, self.table_uri)
+        after = newest_stored_in(written, self.pipeline_id) if written is not None else None
         if after is None or (after.app_id, after.batch_id) != (commit.app_id, commit.batch_id):
             # delta-spark skipped the write: a concurrent run of this checkpoint got there first.
             log.info(
