@@ -23,6 +23,9 @@ from {{ cookiecutter.package_name }}.config import PipelineConfig  # noqa: E402
 # (delta-spark, spark-sql-kafka) with spark.jars.packages, so its tests run instead of being
 # skipped. Needs access to Maven Central (or spark.jars.repositories).
 WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
+# KAFKA_DELTA_JARS=<folder>: every jar in that folder goes on spark.jars instead (an air-gapped
+# machine's copy of the connectors; the template's CI points it at shared/jars/delta-4.4.0).
+JARS_DIR = os.environ.get("KAFKA_DELTA_JARS") or None
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +34,11 @@ def spark():
         pytest.skip("Spark needs Java 17: java is not on PATH and JAVA_HOME is unset")
     from pyspark.sql import SparkSession
 
-    from {{ cookiecutter.package_name }}.engine import DELTA_SESSION_CONFS, connector_packages
+    from {{ cookiecutter.package_name }}.engine import (
+        DELTA_SESSION_CONFS,
+        connector_packages,
+        local_connector_jars,
+    )
 
     builder = (
         SparkSession.builder.master("local[2]")
@@ -43,6 +50,9 @@ def spark():
     )
     if WITH_CONNECTORS:
         builder = builder.config("spark.jars.packages", ",".join(connector_packages()))
+    if JARS_DIR:
+        builder = builder.config("spark.jars", ",".join(local_connector_jars(JARS_DIR)))
+    if WITH_CONNECTORS or JARS_DIR:
         for key, value in DELTA_SESSION_CONFS.items():
             builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -64,13 +74,14 @@ def engine_config(name: str) -> dict[str, str]:
 def skip_without_connectors(spark, engine: dict[str, str]) -> None:
     """Skip (with the reason the suite reports) when the session lacks the engine's jars."""
     from {{ cookiecutter.package_name }}.engine import (
-        CONNECTORS_MISSING,
+        connectors_missing_reason,
         missing_connectors,
         required_connectors,
     )
 
-    if missing_connectors(spark, required_connectors(engine["source"], engine["sink"])):
-        pytest.skip(CONNECTORS_MISSING)
+    missing = missing_connectors(spark, required_connectors(engine["source"], engine["sink"]))
+    if missing:
+        pytest.skip(connectors_missing_reason(missing))
 
 
 @pytest.fixture(scope="session")

@@ -199,9 +199,17 @@ def test_checkpoint_is_read_through_spark_when_it_is_not_a_local_path(
     assert log.has_progress()
 
 
-def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: Path) -> None:
-    if not missing_connectors(spark, ["delta-spark", "spark-sql-kafka"]):
+def _missing_cluster_connectors(spark) -> list[str]:
+    """The cluster engine's connectors this session lacks: both on a bare machine, only
+    spark-sql-kafka where delta-spark's jars are on the classpath (KAFKA_DELTA_JARS)."""
+    missing = missing_connectors(spark, ["delta-spark", "spark-sql-kafka"])
+    if not missing:
         pytest.skip("the connector jars are on the classpath: the engine can run")
+    return missing
+
+
+def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: Path) -> None:
+    missing = _missing_cluster_connectors(spark)
     cfg = PipelineConfig.model_validate(
         {
             "pipeline_id": "p",
@@ -212,16 +220,16 @@ def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: 
         }
     )
 
-    with pytest.raises(ConnectorMissingError, match=r"run_cluster_local\.sh"):
+    with pytest.raises(ConnectorMissingError, match=r"run_cluster_local\.sh") as raised:
         build_engine(spark, cfg)
+    assert f"needs the {' and '.join(missing)} jars" in str(raised.value)
     assert not (tmp_path / "t").exists()
 
 
 def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_them(
     spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if not missing_connectors(spark, ["delta-spark", "spark-sql-kafka"]):
-        pytest.skip("the connector jars are on the classpath: the engine can run")
+    missing = _missing_cluster_connectors(spark)
     project = Path(__file__).resolve().parents[1]
     data = yaml.safe_load((project / "conf" / "local.yaml").read_text())
     data["delta"]["table"] = str(tmp_path / "table")
@@ -234,6 +242,6 @@ def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_t
 
     assert code == 2
     err = capsys.readouterr().err
-    assert "needs the delta-spark and spark-sql-kafka jars" in err, err
+    assert f"needs the {' and '.join(missing)} jars" in err, err
     assert "run_cluster_local.sh" in err
     assert not (tmp_path / "table").exists() and not (tmp_path / "checkpoint").exists()

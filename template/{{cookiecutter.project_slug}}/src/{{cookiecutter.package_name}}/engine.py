@@ -49,7 +49,6 @@ CONNECTOR_CLASSES = {
     "delta-spark": "org.apache.spark.sql.delta.DeltaLog",
     "spark-sql-kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
 }
-CONNECTORS_MISSING = "delta-spark/spark-sql-kafka jars not on the classpath"
 # Session confs delta-spark needs outside Databricks (where they are preset).
 DELTA_SESSION_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -66,6 +65,26 @@ def connector_packages() -> list[str]:
         f"io.delta:delta-spark_2.13:{version('delta-spark')}",
         f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}",
     ]
+
+
+def connectors_missing_reason(missing: list[str]) -> str:
+    """What a test skipped for lack of connector jars reports, e.g. ``spark-sql-kafka jars not
+    on the classpath``: it names exactly the connectors this session lacks."""
+    return f"{' and '.join(missing)} jars not on the classpath"
+
+
+def local_connector_jars(folder: str) -> list[str]:
+    """Absolute paths of every ``*.jar`` in ``folder``: connectors installed by hand (an
+    air-gapped machine, a mirror), for ``spark.jars`` / ``spark-submit --jars``."""
+    from pathlib import Path
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConnectorMissingError(f"connector jar folder {folder!r} is not a directory")
+    jars = sorted(str(j.resolve()) for j in path.glob("*.jar"))
+    if not jars:
+        raise ConnectorMissingError(f"connector jar folder {folder!r} holds no .jar file")
+    return jars
 
 
 class FencingError(RuntimeError):
