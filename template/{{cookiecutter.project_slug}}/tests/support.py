@@ -42,10 +42,10 @@ def forget_last_spark_commit(cfg: PipelineConfig) -> None:
 def assert_offsets_agree(cfg: PipelineConfig) -> None:
     """stored offsets == last batch's planned end offsets == group's committed == latest."""
     admin = KafkaAdmin(cfg.kafka.client_config())
-    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
+    partitions = admin.partitions(cfg.kafka.topics)
+    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read(lambda: partitions)
     assert stored is not None
     planned = CheckpointLog(None, cfg.checkpoint).end_offsets(last_batch(cfg))
-    partitions = admin.partitions(cfg.kafka.topics)
     committed = admin.committed(cfg.kafka.consumer_group, partitions)
     latest = admin.latest(partitions)
     assert stored.offsets == planned == committed == latest

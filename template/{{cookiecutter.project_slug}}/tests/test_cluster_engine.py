@@ -35,7 +35,7 @@ from {{ cookiecutter.package_name }}.offsets import (
     parse_user_metadata,
 )
 
-COMMIT = BatchCommit("orders", "orders.q-1", 7, {"orders": {0: 120, 1: 80}})
+COMMIT = BatchCommit("orders", "orders.q-1", 7, {"orders": {0: 120, 1: 80}}, seq=12)
 
 
 def _kafka(**overrides: object) -> KafkaConfig:
@@ -61,12 +61,14 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
         max_records_per_trigger=1000,
         fail_on_data_loss=False,
         jvm_client={"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"},
-        client={"fetch.wait.max.ms": 100},  # librdkafka only: not for the Java client
+        # librdkafka only: not for the Java client
+        client={"fetch.wait.max.ms": 100, "security.protocol": "SASL_SSL"},
     )
 
     options = spark_kafka_options(kafka, "earliest", 4)
 
     assert options == {
+        "kafka.isolation.level": "read_committed",
         "kafka.bootstrap.servers": "b1:9092,b2:9092",
         "subscribe": "orders,payments",
         "startingOffsets": "earliest",
@@ -86,6 +88,36 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
     )
 
 
+def test_sparks_kafka_source_reads_only_committed_transactions_unless_overridden() -> None:
+    # The Java client defaults to read_uncommitted: aborted records would land in the table.
+    assert spark_kafka_options(_kafka(), "earliest", 1)["kafka.isolation.level"] == (
+        "read_committed"
+    )
+    overridden = _kafka(jvm_client={"isolation.level": "read_uncommitted"})
+    assert spark_kafka_options(overridden, "earliest", 1)["kafka.isolation.level"] == (
+        "read_uncommitted"
+    )
+
+
+def test_java_client_credentials_without_librdkafka_ones_are_refused_at_start_up() -> None:
+    with pytest.raises(ValueError, match=r"give kafka\.client the same security settings"):
+        _kafka(jvm_client={"security.protocol": "SASL_SSL", "sasl.jaas.config": "x"})
+    both = _kafka(
+        jvm_client={"security.protocol": "SASL_SSL"}, client={"security.protocol": "sasl_ssl"}
+    )
+    assert both.client["security.protocol"] == "sasl_ssl"
+
+
+def test_a_restarted_checkpoint_asks_kafka_nothing_for_its_starting_offsets() -> None:
+    class _NoKafka:
+        def partitions(self, topics):
+            raise AssertionError("no metadata query when the checkpoint already has a plan")
+
+    stored = StoredOffsets({"orders": {0: 50}}, 4, "orders.q", 2)
+    source = SparkKafkaSource(_kafka(), admin=_NoKafka())
+    assert source.starting(stored, resuming=True) == "earliest"
+
+
 def test_a_new_checkpoint_starts_at_the_stored_offsets_of_every_subscribed_partition() -> None:
     stored = StoredOffsets({"orders": {0: 50, 1: 7}, "gone": {0: 3}}, 4, "orders.q", 2)
 
@@ -98,16 +130,22 @@ def test_a_new_checkpoint_starts_at_the_stored_offsets_of_every_subscribed_parti
         "orders": {"0": 50, "1": 7, "2": -2},
         "payments": {"0": -2},
     }
+    # starting_offsets: latest only applies to the pipeline's very first start: a partition
+    # added since (here all of payments, and orders[2]) starts at its earliest offset, or the
+    # records produced to it before this checkpoint were skipped.
     latest_default = SparkKafkaSource(_kafka(starting_offsets="latest"), admin=_Admin())
-    assert latest_default.starting(stored)["payments"] == {"0": -1}
+    assert latest_default.starting(stored)["payments"] == {"0": -2}
+    assert latest_default.starting(stored)["orders"]["2"] == -2
+    assert latest_default.starting(None) == "latest"
     assert source.starting(None) == "earliest"
 
 
 def test_append_carries_txn_and_offsets_as_writer_options() -> None:
     options = append_options(COMMIT)
 
-    assert options["txnAppId"] == "orders.q-1"
-    assert options["txnVersion"] == "7"
+    # The pipeline-wide fence txn: every run of the pipeline writes it (atomic fencing, I6).
+    assert options["txnAppId"] == "orders:fence"
+    assert options["txnVersion"] == "12"
     assert parse_user_metadata(options["userMetadata"], "orders") == COMMIT
 
 
@@ -119,7 +157,7 @@ def test_merge_session_confs_are_set_inside_the_batch_and_cleared_after_it(spark
         seen = {k: spark.conf.get(k, None) for k in (TXN_APP_ID_CONF, TXN_VERSION_CONF)}
         inside_metadata = spark.conf.get(USER_METADATA_CONF)
 
-    assert seen == {TXN_APP_ID_CONF: "orders.q-1", TXN_VERSION_CONF: "7"}
+    assert seen == {TXN_APP_ID_CONF: "orders:fence", TXN_VERSION_CONF: "12"}
     assert parse_user_metadata(inside_metadata, "orders") == COMMIT
     assert spark.conf.get(TXN_APP_ID_CONF, None) is None
     assert spark.conf.get(TXN_VERSION_CONF, None) is None

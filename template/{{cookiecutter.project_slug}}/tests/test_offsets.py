@@ -113,3 +113,39 @@ def test_with_skipping_allowed_lost_positions_are_logged_and_restarted(caplog) -
     assert adjusted == {"t": {0: 40, 1: 0}}
     assert "t[0] needs offset 40 but the earliest available is 100" in caplog.text
     assert "t[1] needs offset 10 but the latest is 5" in caplog.text
+
+
+class _Marks:
+    """Stands in for the metadata queries: a topic whose partition 2 was just added."""
+
+    def __init__(self, earliest: dict[str, dict[int, int]]) -> None:
+        self.earliest = earliest
+
+    def watermarks(self, partitions):
+        return Watermarks(earliest=self.earliest, latest=self.earliest)
+
+
+def test_a_partition_new_to_the_checkpoint_is_read_from_its_earliest_or_stored_offset() -> None:
+    # Spark passes the previous batch's end as the start: partitions added since (t[2]; the
+    # re-added topic u) are absent from it. Before the fix they started at their own end.
+    reader = _reader(subscribe="t,u", storedOffsets=json.dumps({"u": {"0": 30}}))
+    reader._admin = _Marks({"t": {0: 0, 1: 0, 2: 5}, "u": {0: 0}})
+
+    planned = reader.partitions(
+        {"t": {"0": 10, "1": 10}}, {"t": {"0": 10, "1": 12, "2": 40}, "u": {"0": 50}}
+    )
+
+    ranges = sorted((p.topic, p.partition, p.start, p.end) for p in planned)
+    assert ranges == [("t", 1, 10, 12), ("t", 2, 5, 40), ("u", 0, 30, 50)]
+
+
+def test_checkpoint_reads_the_initial_offsets_sparks_kafka_source_persisted(tmp_path) -> None:
+    # Spark's KafkaSourceInitialOffsetWriter: a zero byte, "v1", then the offsets JSON. They
+    # are batch 0's real start when a checkpoint is restarted after its batch 0 failed.
+    from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
+
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text('\x00v1\n{"o":{"1":7,"0":3}}')
+    log = CheckpointLog(None, str(tmp_path))
+    assert log.initial_offsets() == {"o": {0: 3, 1: 7}}
+    assert CheckpointLog(None, str(tmp_path / "none")).initial_offsets() is None

@@ -27,8 +27,13 @@ def test_batch_lands_in_one_commit_with_data_txn_and_end_offsets(tmp_path: Path)
     assert (result.written, result.rows, result.delta_version) == (True, 3, table.version())
     assert table.version() == 0  # exactly one commit
     assert table.transaction_version("p.q1") == 0
+    # The pipeline's first commit (fence seq 1) and each partition's end offset as txn actions,
+    # which Delta checkpoints keep across log cleanup.
+    assert table.transaction_version("p:fence") == 1
+    assert table.transaction_version("p:offset:orders:0") == 3
+    assert table.transaction_version("p:offset:orders:1") == 2
     info = table.history(1)[0]
-    assert parse_user_metadata(info["userMetadata"], "p") == commit
+    assert parse_user_metadata(info["userMetadata"], "p") == commit.with_seq(1)
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
 
 

@@ -85,12 +85,37 @@ class CheckpointLog:
 
     def has_progress(self) -> bool:
         """True once Spark recorded at least one completed batch in ``commits/``."""
+        return self._has_entries("commits")
+
+    def has_plan(self) -> bool:
+        """True once Spark planned a batch (``offsets/``): from then on it ignores a source's
+        starting offsets, even before the batch completes."""
+        return self._has_entries("offsets")
+
+    def initial_offsets(self) -> Offsets | None:
+        """The initial offsets Spark's kafka source persisted for this checkpoint
+        (``sources/0/0``: a zero byte, a version line, the offsets JSON), or None (another
+        source, or nothing persisted yet). They are batch 0's real start: a restart re-plays
+        batch 0 from them, whatever the table holds by then."""
+        text = self._read("sources/0/0")
+        if not text:
+            return None
+        lines = text.lstrip("\x00").splitlines()
+        if len(lines) < 2 or not lines[0].startswith("v"):
+            raise CheckpointMismatchError(
+                f"{self.location}/sources/0/0 is not an initial-offsets file of Spark's kafka "
+                "source"
+            )
+        return offsets_from_json(json.loads("\n".join(lines[1:])))
+
+    def _has_entries(self, folder: str) -> bool:
+        """True when ``folder`` of the checkpoint holds at least one batch file."""
         if self._local is not None:
-            commits = self._local / "commits"
-            return commits.is_dir() and any(p.name.isdigit() for p in commits.iterdir())
+            entries = self._local / folder
+            return entries.is_dir() and any(p.name.isdigit() for p in entries.iterdir())
         assert self.spark is not None
         try:
-            files = self.spark.read.format("binaryFile").load(f"{self.location}/commits")
+            files = self.spark.read.format("binaryFile").load(f"{self.location}/{folder}")
             return any(
                 row.path.rsplit("/", 1)[-1].isdigit() for row in files.select("path").collect()
             )

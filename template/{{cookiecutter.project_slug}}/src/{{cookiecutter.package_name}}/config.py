@@ -95,6 +95,23 @@ class KafkaConfig(_Model):
             )
         return client
 
+    @model_validator(mode="after")
+    def _same_security_for_both_clients(self) -> KafkaConfig:
+        # Even on Spark's kafka source, the pipeline talks to Kafka through librdkafka: the
+        # consumer-group commit, partition metadata for a new checkpoint, lag. A broker that
+        # needs credentials must get them from both clients, or those calls fail at run time.
+        jvm = str(self.jvm_client.get("security.protocol", "PLAINTEXT")).upper()
+        native = str(self.client.get("security.protocol", "PLAINTEXT")).upper()
+        if jvm != native:
+            raise ValueError(
+                f"jvm_client uses security.protocol {jvm} but client uses {native}: the pipeline "
+                "also reaches Kafka through librdkafka (consumer-group commits, metadata), so "
+                "give kafka.client the same security settings in librdkafka's names "
+                "(security.protocol, sasl.mechanism, sasl.username, sasl.password, "
+                "ssl.ca.location)"
+            )
+        return self
+
     def client_config(self) -> dict[str, str]:
         """librdkafka settings shared by every client the pipeline creates."""
         conf = {k: _client_value(v) for k, v in self.client.items()}

@@ -24,7 +24,7 @@ Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -148,11 +148,18 @@ class Sink(Protocol):
         """Compute ``out`` once, in the form this sink writes, and split off dead letters."""
         ...
 
+    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+        """The fencing check alone, before anything is written (dead letters go to their table
+        only after it): True when the batch is already in the table (a replay), raises
+        :class:`FencingError` when it does not start where the table ends."""
+        ...
+
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
         """Commit ``rows`` as batch ``commit`` in one Delta commit; ``start`` (the batch's
-        start offsets) enables the fencing check; a replay writes nothing."""
+        start offsets) enables the fencing check; a replay writes nothing. The checks run
+        again here, atomically with the commit."""
         ...
 
     def append_unprotected(self, rows: Rows) -> SinkResult:
@@ -161,16 +168,28 @@ class Sink(Protocol):
 
 
 class OffsetStore(Protocol):
-    def read(self) -> StoredOffsets | None:
-        """Offsets of this pipeline's newest commit in the table (None: none in the log)."""
+    def read(
+        self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
+    ) -> StoredOffsets | None:
+        """Offsets of this pipeline's newest commit in the table; when log cleanup removed it,
+        the offsets kept as txn actions for ``partitions()`` (a lazy Kafka metadata query);
+        None when the pipeline never committed to the table."""
         ...
 
 
 class Source(Protocol):
-    def stream(self, spark: SparkSession, stored: StoredOffsets | None) -> DataFrame:
+    # Where a partition new to the checkpoint (a topic added to the subscription, partitions
+    # added to a topic) starts: True, at the offset the table stores for it (else its
+    # earliest); False, always at its earliest (Spark's kafka source).
+    new_partitions_start_at_stored_offsets: bool
+
+    def stream(
+        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+    ) -> DataFrame:
         """The streaming DataFrame of Spark's kafka columns (key, value, topic, partition,
         offset, timestamp, timestampType, headers), starting at ``stored`` when the checkpoint
-        is new."""
+        is new; ``resuming``: the checkpoint already holds a plan (Spark ignores starting
+        offsets then)."""
         ...
 
 
@@ -188,13 +207,37 @@ class Engine:
 def check_contiguous(
     stored: StoredOffsets | None, start: Offsets | None, commit: BatchCommit
 ) -> None:
-    """Raise :class:`FencingError` unless the batch starts exactly where the table ends.
+    """Raise :class:`FencingError` unless the batch starts exactly where the table ends, and
+    never when it would move a stored offset backwards.
 
-    ``start`` None skips the check; ``{}`` means the table must hold no offsets of this
-    pipeline yet (first batch of a first run). Only partitions present on both sides are
-    compared: a partition added to a topic, or a topic added to the subscription, has no
-    stored offset yet, and a topic dropped from the subscription keeps its old one.
+    ``start`` is the batch's real start, as Spark persisted it (the previous batch's planned
+    end; for batch 0 the source's initial offsets). ``start`` None skips that comparison; ``{}``
+    means the table must hold no offsets of this pipeline yet (first batch of a first run).
+    Only partitions present on both sides are compared: a partition added to a topic, or a
+    topic added to the subscription, has no stored offset yet, and a topic dropped from the
+    subscription keeps its old one.
+
+    The backwards rule holds whatever ``start`` says: a checkpoint whose batch was planned
+    before another run moved the table on (a retried job, a second checkpoint) re-plays a range
+    the table already holds; committing it would duplicate records or rewind the offsets.
     """
+    if stored is not None:
+        behind = [
+            (t, p, end, stored.offsets[t][p])
+            for t, parts in commit.end_offsets.items()
+            for p, end in parts.items()
+            if p in stored.offsets.get(t, {}) and end < stored.offsets[t][p]
+        ]
+        if behind:
+            detail = "; ".join(f"{t}[{p}] stored {o}, batch ends at {e}" for t, p, e, o in behind)
+            raise FencingError(
+                f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} would move the "
+                f"table's stored offsets backwards: {detail} (stored at {stored.describe()}). "
+                "This checkpoint planned the batch before another run of the pipeline moved the "
+                "table on (a retried or concurrent job). Nothing was written. Delete this "
+                f"checkpoint ({commit.app_id}); the pipeline then resumes from the table's "
+                "offsets."
+            )
     if start is None:
         return
     if stored is None:
@@ -211,10 +254,7 @@ def check_contiguous(
         if not moved and (any(start.values()) or not any(stored.offsets.values())):
             return
         detail = "; ".join(f"{t}[{p}] stored {o}, batch starts at {s}" for t, p, o, s in moved)
-        problem = (
-            f"{detail or 'the table already holds offsets'} (written by {stored.app_id} batch "
-            f"{stored.batch_id} at Delta version {stored.delta_version})"
-        )
+        problem = f"{detail or 'the table already holds offsets'} (stored at {stored.describe()})"
     raise FencingError(
         f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} does not start where the "
         f"table ends: {problem}. Another run of this pipeline is writing to the same table, or "

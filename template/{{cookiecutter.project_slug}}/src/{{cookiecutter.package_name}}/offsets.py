@@ -21,6 +21,28 @@ The checkpoint's query id is stable across restarts of one checkpoint and new fo
 scoping the appId to it gives every checkpoint its own version sequence (I3). Offsets are read
 back by the pipeline tag, never by appId, so a new checkpoint resumes exactly where the table
 ends.
+
+Why every commit also carries a pipeline-wide ``txn(<pipeline>:fence, seq)`` (I6)
+--------------------------------------------------------------------------------
+``seq`` numbers the pipeline's commits, whatever checkpoint made them: a batch commits as
+``seq = stored seq + 1``. Every run of the pipeline therefore reads and writes the same appId,
+so two runs (same checkpoint or not) can never both commit on top of the same stored offsets:
+delta-spark's conflict checker rejects the second (``ConcurrentTransactionException``), or
+skips it when the first had already landed (its version is then not above the stored one);
+delta-rs commits without retry on the snapshot it checked. That is what makes fencing atomic
+on delta-spark, where two blind appends of different appIds would otherwise both commit. On
+delta-spark it is the commit's one txn (its writer takes one); a replay is then recognised
+from the identity ``(app_id, batch_id)`` in the pipeline's newest commit.
+
+Why the offsets are also ``txn(<pipeline>:offset:<topic>:<partition>, offset)`` actions
+------------------------------------------------------------------------------------------
+Delta checkpoints keep ``txn`` actions but not ``commitInfo``, and log cleanup deletes JSON
+commits older than ``delta.logRetentionDuration``. A pipeline idle for longer than that while
+other writers commit would lose its ``userMetadata`` offsets. The delta-rs sink therefore also
+writes one txn per partition whose version is the partition's end offset, as kafka-delta-ingest
+does; they are read back when the log no longer holds a commit of the pipeline
+(:func:`stored_from_transactions`). delta-spark's writer carries a single txn, so its tables
+keep only the fence txn across cleanup: see :mod:`.cluster.sink`.
 """
 
 from __future__ import annotations
@@ -71,9 +93,29 @@ def total_records(start: Offsets, end: Offsets) -> int:
     )
 
 
+def partitions_of(*offsets: Mapping[str, Mapping[int, int]]) -> dict[str, list[int]]:
+    """Every topic-partition named in any of ``offsets``."""
+    names: dict[str, set[int]] = {}
+    for each in offsets:
+        for topic, parts in each.items():
+            names.setdefault(topic, set()).update(parts)
+    return {topic: sorted(parts) for topic, parts in names.items()}
+
+
 def app_id(pipeline_id: str, query_id: str) -> str:
     """Delta ``txnAppId`` for one checkpoint of one pipeline (see the module docstring)."""
     return f"{pipeline_id}.{query_id}"
+
+
+def fence_app_id(pipeline_id: str) -> str:
+    """The pipeline-wide txn appId every run reads and writes (version = ``seq``)."""
+    return f"{pipeline_id}:fence"
+
+
+def partition_app_id(pipeline_id: str, topic: str, partition: int) -> str:
+    """The txn appId whose version is the stored end offset of one partition (neither pipeline
+    ids nor topic names may contain ':', so the parts never run together)."""
+    return f"{pipeline_id}:offset:{topic}:{partition}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +126,8 @@ class BatchCommit:
     app_id: str
     batch_id: int
     end_offsets: Offsets
+    # The pipeline-wide commit number (version of the fence txn); the sink sets it.
+    seq: int = 0
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -93,21 +137,65 @@ class BatchCommit:
                     "pipeline_id": self.pipeline_id,
                     "app_id": self.app_id,
                     "batch_id": self.batch_id,
+                    "seq": self.seq,
                     "offsets": offsets_to_json(self.end_offsets),
                 }
             },
             separators=(",", ":"),
         )
 
+    def with_seq(self, seq: int) -> BatchCommit:
+        return BatchCommit(self.pipeline_id, self.app_id, self.batch_id, self.end_offsets, seq)
+
+    def on_top_of(self, stored: StoredOffsets | None) -> BatchCommit:
+        """This batch as the sink commits it on top of ``stored``: the pipeline's next ``seq``,
+        and the stored offsets of partitions the batch does not name carried forward, so a
+        topic dropped from the subscription resumes where it stopped when it is re-added."""
+        if stored is None:
+            return self.with_seq(1)
+        offsets = {topic: dict(parts) for topic, parts in stored.offsets.items()}
+        for topic, parts in self.end_offsets.items():
+            offsets.setdefault(topic, {}).update(parts)
+        return BatchCommit(self.pipeline_id, self.app_id, self.batch_id, offsets, stored.seq + 1)
+
+    def transactions(self) -> list[tuple[str, int]]:
+        """Every ``(appId, version)`` txn action of this commit on a sink that can write
+        several (delta-rs): the checkpoint's batch (I2, I3), the fence (I6) and one per
+        partition's end offset (kept across log cleanup). See the module docstring."""
+        return [
+            (self.app_id, self.batch_id),
+            (fence_app_id(self.pipeline_id), self.seq),
+            *(
+                (partition_app_id(self.pipeline_id, topic, p), offset)
+                for topic, parts in sorted(self.end_offsets.items())
+                for p, offset in sorted(parts.items())
+            ),
+        ]
+
 
 @dataclass(frozen=True)
 class StoredOffsets:
-    """The newest offsets this pipeline committed to the table, and where they were found."""
+    """The newest offsets this pipeline committed to the table, and where they were found.
+
+    Read from the newest commit of the pipeline in the retained log, every field is known.
+    Read from the txn actions after log cleanup expired that commit, only ``offsets`` and
+    ``seq`` are: ``delta_version``, ``app_id`` and ``batch_id`` are then None."""
 
     offsets: Offsets
-    delta_version: int
-    app_id: str
-    batch_id: int
+    delta_version: int | None
+    app_id: str | None
+    batch_id: int | None
+    seq: int = 0
+
+    @property
+    def from_log(self) -> bool:
+        """True when read from the commit itself, False when rebuilt from txn actions."""
+        return self.app_id is not None
+
+    def describe(self) -> str:
+        if self.from_log:
+            return f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
+        return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
 
 
 def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit | None:
@@ -134,6 +222,8 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         app_id=str(body["app_id"]),
         batch_id=int(body["batch_id"]),
         end_offsets=offsets_from_json(body["offsets"]),
+        # Commits written before the fence txn existed carry no seq: they count as 0.
+        seq=int(body.get("seq", 0)),
     )
 
 
@@ -149,8 +239,42 @@ def newest_stored(
                 delta_version=int(commit["version"]),  # type: ignore[call-overload]
                 app_id=record.app_id,
                 batch_id=record.batch_id,
+                seq=record.seq,
             )
     return None
+
+
+def stored_from_transactions(
+    txn_version: Callable[[str], int | None],
+    pipeline_id: str,
+    partitions: Mapping[str, Iterable[int]],
+) -> StoredOffsets | None:
+    """The pipeline's stored offsets rebuilt from the txn actions a Delta checkpoint keeps
+    (``txn_version(app_id)`` -> version or None), for ``partitions``; None when the table has
+    no fence txn of this pipeline (never written with txn offsets)."""
+    seq = txn_version(fence_app_id(pipeline_id))
+    if seq is None:
+        return None
+    offsets: Offsets = {}
+    for topic, parts in partitions.items():
+        for p in parts:
+            offset = txn_version(partition_app_id(pipeline_id, topic, p))
+            if offset is not None:
+                offsets.setdefault(topic, {})[int(p)] = offset
+    if not offsets:
+        raise OffsetsExpiredError(
+            f"the table holds {seq} commit(s) of pipeline {pipeline_id!r} (its fence txn), but "
+            "Delta log cleanup removed the commit that held its offsets and the table has no "
+            f"offset txn for any of {sorted(partitions)}: it was written by the delta-spark "
+            "sink, whose writer keeps a single txn per commit. Nothing was read or written. "
+            "Restore the offsets explicitly (see the README, 'Delta log cleanup'), or raise "
+            "delta.logRetentionDuration so an idle pipeline's last commit is kept."
+        )
+    return StoredOffsets(offsets, None, None, None, seq=seq)
+
+
+class OffsetsExpiredError(RuntimeError):
+    """The pipeline has committed to the table, but its offsets are no longer readable."""
 
 
 # History is read newest first in growing pages: the pipeline's own commit is normally the

@@ -129,10 +129,14 @@ class Pipeline:
         digest = hashlib.sha1(self.config.checkpoint.encode()).hexdigest()[:8]
         return f"kafka-delta-{self.config.pipeline_id}-{digest}"
 
+    def _partitions(self) -> dict[str, list[int]]:
+        return self.admin.partitions(self.config.kafka.topics)
+
     def resume_point(self) -> StoredOffsets | None:
         """Stored offsets to start from when the checkpoint is new; checks the checkpoint
-        and the table agree."""
-        stored = self.engine.offset_store.read()
+        and the table agree. Kafka is asked for the partitions only when Delta log cleanup
+        left the offsets in txn actions alone."""
+        stored = self.engine.offset_store.read(self._partitions)
         if stored is None and self.checkpoint.has_progress():
             raise CheckpointMismatchError(
                 f"checkpoint {self.config.checkpoint} has committed batches, but table "
@@ -154,21 +158,30 @@ class Pipeline:
     def start(self) -> StreamingQuery:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
+        resumed = self.checkpoint.has_progress()
         if stored is None:
             log.info(
-                "no offsets of pipeline %r in %s; a new checkpoint starts at %s offsets",
+                "no offsets of pipeline %r in %s; the new checkpoint starts at %s offsets",
                 self.config.pipeline_id,
                 self.config.delta.table,
                 self.config.kafka.starting_offsets,
             )
-        else:
+        elif resumed:
             log.info(
-                "table %s holds offsets of pipeline %r at Delta version %d (batch %d); "
-                "a new checkpoint resumes there",
+                "resuming from checkpoint %s; table %s holds offsets of pipeline %r at %s, "
+                "checked against every batch",
+                self.config.checkpoint,
                 self.config.delta.table,
                 self.config.pipeline_id,
-                stored.delta_version,
-                stored.batch_id,
+                stored.describe(),
+            )
+        else:
+            log.info(
+                "new checkpoint %s resumes from the offsets table %s holds for pipeline %r at %s",
+                self.config.checkpoint,
+                self.config.delta.table,
+                self.config.pipeline_id,
+                stored.describe(),
             )
         if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
@@ -179,8 +192,10 @@ class Pipeline:
         if self.committer is not None and stored is not None:
             # Align the group with the table at once: after a run whose commit-back failed,
             # lag tools are right again before the first new batch.
-            self.committer.submit(stored.batch_id, stored.offsets)
-        stream = self.engine.source.stream(self.spark, stored)
+            self.committer.submit(
+                -1 if stored.batch_id is None else stored.batch_id, stored.offsets
+            )
+        stream = self.engine.source.stream(self.spark, stored, resuming=self.checkpoint.has_plan())
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
@@ -229,12 +244,35 @@ class Pipeline:
         )
         crash_point("after_dead_letters")
 
-    def _batch_start(self, batch_id: int) -> Offsets:
-        """Where the batch begins: the previous batch's planned end, or for batch 0 of a new
-        checkpoint the offsets the table held at start."""
+    def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
+        """Where the batch really begins, as the checkpoint planned it: the previous batch's
+        planned end; for batch 0, the initial offsets the source persisted in the checkpoint
+        (Spark's kafka source), else the offsets the table held when this run started (the
+        embedded source plans batch 0 from exactly those).
+
+        A partition the previous plan does not name (a topic or partition new to the
+        checkpoint) starts where the source starts it: the embedded source at the offset the
+        table stores for it, Spark's kafka source at the earliest offset Kafka has.
+        """
         if batch_id == 0:
-            return self._initial
-        return self.checkpoint.end_offsets(batch_id - 1)
+            start = self.checkpoint.initial_offsets() or self._initial
+        else:
+            start = self.checkpoint.end_offsets(batch_id - 1)
+        new = {
+            t: [p for p in parts if p not in start.get(t, {}) and p in self._initial.get(t, {})]
+            for t, parts in end.items()
+        }
+        new = {t: parts for t, parts in new.items() if parts}
+        if not new:
+            return start
+        if self.engine.source.new_partitions_start_at_stored_offsets:
+            firsts = {t: {p: self._initial[t][p] for p in parts} for t, parts in new.items()}
+        else:
+            firsts = self.admin.watermarks(new).earliest
+        merged = {t: dict(parts) for t, parts in start.items()}
+        for t, parts in firsts.items():
+            merged.setdefault(t, {}).update(parts)
+        return merged
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -255,14 +293,15 @@ class Pipeline:
             )
         batch = self.sink.materialize(out)
         try:
-            if batch.dead is not None:
+            start = self._batch_start(batch_id, end) if self.exactly_once else None
+            # Fencing first: a run that may not commit this batch writes no dead letters either.
+            replay = self.exactly_once and self.sink.check(commit, start)
+            if batch.dead is not None and not replay:
                 self._dead_letters(df, batch.dead, commit)
                 self.summary.dead_letters += batch.dead.num_rows
             crash_point("before_delta_commit")
             if self.exactly_once:
-                result = self.sink.commit_batch(
-                    batch.rows, commit, start=self._batch_start(batch_id)
-                )
+                result = self.sink.commit_batch(batch.rows, commit, start=start)
             else:
                 result = self.sink.append_unprotected(batch.rows)
         finally:

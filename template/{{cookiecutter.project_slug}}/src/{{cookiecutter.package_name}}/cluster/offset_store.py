@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from ..offsets import StoredOffsets, newest_stored_paged
+from ..offsets import StoredOffsets, newest_stored_paged, stored_from_transactions
 
 
 def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
@@ -29,9 +30,23 @@ def history_reader(table: Any) -> Any:
     return read
 
 
-def newest_stored_in(table: Any, pipeline_id: str) -> StoredOffsets | None:
-    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s log, or None."""
-    return newest_stored_paged(history_reader(table), pipeline_id)
+def newest_stored_in(
+    table: Any,
+    pipeline_id: str,
+    table_uri: str | None = None,
+    partitions: Callable[[], Mapping[str, list[int]]] | None = None,
+) -> StoredOffsets | None:
+    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s log; when log
+    cleanup removed every such commit, what the table's txn actions keep (read with delta-rs:
+    delta-spark's Python API has no reader of txn actions); None when the pipeline never
+    committed to the table."""
+    stored = newest_stored_paged(history_reader(table), pipeline_id)
+    if stored is not None or partitions is None or table_uri is None:
+        return stored
+    from deltalake import DeltaTable
+
+    txns = DeltaTable(table_uri)
+    return stored_from_transactions(txns.transaction_version, pipeline_id, partitions())
 
 
 class DeltaSparkOffsetStore:
@@ -43,6 +58,10 @@ class DeltaSparkOffsetStore:
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
 
-    def read(self) -> StoredOffsets | None:
+    def read(
+        self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
+    ) -> StoredOffsets | None:
         table = delta_table(self.spark, self.table_uri)
-        return None if table is None else newest_stored_in(table, self.pipeline_id)
+        if table is None:
+            return None
+        return newest_stored_in(table, self.pipeline_id, self.table_uri, partitions)

@@ -9,17 +9,25 @@ io.delta:delta-spark_2.13:<version>`` with Delta's session extension and catalog
   ``spark.databricks.delta.commitInfo.userMetadata``, set for that one command and restored
   afterwards even when it fails (:func:`delta_txn_confs`).
 
-Idempotence (I2): delta-spark itself skips a write whose ``txnVersion`` is ``<=`` the one
-recorded for ``txnAppId``, atomically with the commit. The sink also checks first, from the
-pipeline's newest commit in the history, so that a replay reports "replayed" and is not
-mistaken for a fencing violation.
+delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
+``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see :mod:`..offsets`).
 
-Fencing (I6): the stored offsets must equal the batch's start, checked on the history just
-before the write. Two runs of one checkpoint share the appId, so delta-spark's conflict
-checker rejects the second of two concurrent commits (ConcurrentTransactionException) or skips
-it as a replay: atomic. Two runs of one pipeline on *different* checkpoints have different
-appIds; delta-spark lets two blind appends both commit, so between them only the check-then-
-write window is unfenced (the delta-rs sink, which commits without retry, has no such window).
+Fencing (I6), atomic: the stored offsets must equal the batch's start, checked on the history
+just before the write; between that check and the commit, every run of the pipeline (same
+checkpoint or not) reads and writes the same fence appId, so delta-spark's conflict checker
+rejects the second of two concurrent commits (``ConcurrentTransactionException``), and a run
+whose ``seq`` another run already used is skipped by delta-spark itself. Either way the sink
+reads the pipeline's newest commit back and raises :class:`FencingError` unless it is this
+batch: two checkpoints of one pipeline can never both commit.
+
+Idempotence (I2): a replay is recognised before writing from the identity ``(app_id,
+batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
+same checkpoint that commits the batch first makes this one a replay too.
+
+Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
+per-partition offset txns the delta-rs sink writes, so a table written only by this sink
+keeps its offsets in ``userMetadata``, i.e. within ``delta.logRetentionDuration`` of the
+pipeline's last commit (README, "Delta log cleanup").
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from contextlib import contextmanager
 from pyspark.sql import DataFrame, SparkSession
 
 from ..engine import (
+    FencingError,
     Materialized,
     Rows,
     SinkResult,
@@ -38,7 +47,7 @@ from ..engine import (
     check_contiguous,
     split_dead_letters_df,
 )
-from ..offsets import BatchCommit, Offsets
+from ..offsets import BatchCommit, Offsets, StoredOffsets, fence_app_id, partitions_of
 from .offset_store import delta_table, newest_stored_in
 
 log = logging.getLogger(__name__)
@@ -49,10 +58,11 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def append_options(commit: BatchCommit) -> dict[str, str]:
-    """Writer options that make one append idempotent and carry its end offsets."""
+    """Writer options that fence one append (the pipeline's fence txn at ``commit.seq``) and
+    carry its identity and end offsets."""
     return {
-        "txnAppId": commit.app_id,
-        "txnVersion": str(commit.batch_id),
+        "txnAppId": fence_app_id(commit.pipeline_id),
+        "txnVersion": str(commit.seq),
         "userMetadata": commit.user_metadata(),
     }
 
@@ -63,8 +73,8 @@ def delta_txn_confs(spark: SparkSession, commit: BatchCommit) -> Iterator[None]:
     then restored to what they were (unset when they were unset), also on failure, so no later
     write of the session is mistaken for this batch."""
     values = {
-        TXN_APP_ID_CONF: commit.app_id,
-        TXN_VERSION_CONF: str(commit.batch_id),
+        TXN_APP_ID_CONF: fence_app_id(commit.pipeline_id),
+        TXN_VERSION_CONF: str(commit.seq),
         USER_METADATA_CONF: commit.user_metadata(),
     }
     before = {key: spark.conf.get(key, None) for key in values}
@@ -106,48 +116,88 @@ class DeltaSparkSink:
         frame.write.format("delta").mode("append").save(self.table_uri)
         return SinkResult(written=True, rows=count, delta_version=None)
 
+    def _stored(
+        self, table: object | None, commit: BatchCommit, start: Offsets | None
+    ) -> StoredOffsets | None:
+        if table is None:
+            return None
+        names = partitions_of(commit.end_offsets, start or {})
+        return newest_stored_in(table, self.pipeline_id, self.table_uri, lambda: names)
+
+    @staticmethod
+    def _is_replay(stored: StoredOffsets | None, commit: BatchCommit) -> bool:
+        return (
+            stored is not None
+            and stored.app_id == commit.app_id
+            and stored.batch_id is not None
+            and stored.batch_id >= commit.batch_id
+        )
+
+    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+        """True when the batch is already in the table (a replay); raises
+        :class:`FencingError` when it does not start where the table ends. Writes nothing."""
+        stored = self._stored(delta_table(self.spark, self.table_uri), commit, start)
+        if self._is_replay(stored, commit):
+            return True
+        check_contiguous(stored, start, commit)
+        return False
+
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
         # One handle for the checks and the write; its history() reads the log as it is now.
         table = delta_table(self.spark, self.table_uri)
-        stored = newest_stored_in(table, self.pipeline_id) if table is not None else None
-        if (
-            stored is not None
-            and stored.app_id == commit.app_id
-            and stored.batch_id >= commit.batch_id
-        ):
+        stored = self._stored(table, commit, start)
+        if self._is_replay(stored, commit):
             log.info(
-                "batch %d of %s is already in the table (Delta version %d): replay skipped",
+                "batch %d of %s is already in the table (%s): replay skipped",
                 commit.batch_id,
                 commit.app_id,
-                stored.delta_version,
+                stored.describe() if stored is not None else "",
             )
             return SinkResult(written=False, rows=0, delta_version=None)
         check_contiguous(stored, start, commit)
+        commit = commit.on_top_of(stored)
         frame = self._frame(rows)
         count = frame.count()
-        if self.mode.kind == "upsert" and table is not None and count > 0:
-            merge = (
-                table.alias("t")
-                .merge(frame.alias("s"), self.mode.merge_predicate())
-                .whenMatchedUpdateAll(condition=self.mode.update_predicate())
-                .whenNotMatchedInsertAll()
-            )
-            with delta_txn_confs(self.spark, commit):
-                merge.execute()
-        else:
-            # An append; for an upsert also its first batch and an empty one, which must still
-            # commit its offsets.
-            frame.write.format("delta").mode("append").options(**append_options(commit)).save(
-                self.table_uri
-            )
+        try:
+            if self.mode.kind == "upsert" and table is not None and count > 0:
+                merge = (
+                    table.alias("t")
+                    .merge(frame.alias("s"), self.mode.merge_predicate())
+                    .whenMatchedUpdateAll(condition=self.mode.update_predicate())
+                    .whenNotMatchedInsertAll()
+                )
+                with delta_txn_confs(self.spark, commit):
+                    merge.execute()
+            else:
+                # An append; for an upsert also its first batch and an empty one, which must
+                # still commit its offsets.
+                frame.write.format("delta").mode("append").options(**append_options(commit)).save(
+                    self.table_uri
+                )
+        except Exception as exc:
+            if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
+                raise
+            log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, exc)
         written = table if table is not None else delta_table(self.spark, self.table_uri)
-        after = newest_stored_in(written, self.pipeline_id) if written is not None else None
-        if after is None or (after.app_id, after.batch_id) != (commit.app_id, commit.batch_id):
-            # delta-spark skipped the write: a concurrent run of this checkpoint got there first.
+        after = self._stored(written, commit, start)
+        if after is not None and (after.app_id, after.batch_id, after.seq) == (
+            commit.app_id,
+            commit.batch_id,
+            commit.seq,
+        ):
+            return SinkResult(written=True, rows=count, delta_version=after.delta_version)
+        if self._is_replay(after, commit):
+            # A concurrent run of this checkpoint committed the same batch first.
             log.info(
                 "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
             )
             return SinkResult(written=False, rows=0, delta_version=None)
-        return SinkResult(written=True, rows=count, delta_version=after.delta_version)
+        raise FencingError(
+            f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} lost to a concurrent "
+            f"run: the table's newest commit of the pipeline is "
+            f"{after.describe() if after is not None else 'missing'}, not this batch (commit "
+            f"{commit.seq} of {commit.app_id}). Nothing of this batch was written; this run "
+            "stops so nothing is duplicated."
+        )

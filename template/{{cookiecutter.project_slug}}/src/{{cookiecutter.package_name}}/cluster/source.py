@@ -27,12 +27,14 @@ def starting_offsets(
     stored: Offsets, partitions: Mapping[str, list[int]], default: str
 ) -> dict[str, dict[str, int]]:
     """startingOffsets JSON for a new checkpoint: the stored offset of every subscribed
-    partition, ``default`` (-2 earliest / -1 latest) for one with none stored yet.
+    partition; one with none stored yet starts at its earliest offset (-2) once the pipeline
+    has stored offsets (a topic or partition added, as Spark starts new partitions of a running
+    query), or at ``default`` (-2 earliest / -1 latest) on the pipeline's very first start.
 
     Spark requires every partition of the subscription in the JSON, and it only reads this
     option when the checkpoint is new; offsets of topics no longer subscribed are left out.
     """
-    fallback = _DEFAULT_OFFSET[default]
+    fallback = _DEFAULT_OFFSET["earliest" if any(stored.values()) else default]
     return offsets_to_json(
         {
             topic: {p: stored.get(topic, {}).get(p, fallback) for p in parts}
@@ -46,6 +48,10 @@ def spark_kafka_options(
 ) -> dict[str, str]:
     """Options of Spark's ``kafka`` format for ``kafka``, starting at ``starting``."""
     options = {
+        # Only committed records, planned up to the last stable offset, as the embedded source
+        # does: the Java client's default (read_uncommitted) reads aborted and open
+        # transactions, so a producer that aborts and retries would land twice.
+        "kafka.isolation.level": "read_committed",
         **kafka.jvm_client_options(),
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "subscribe": ",".join(kafka.topics),
@@ -65,21 +71,30 @@ class SparkKafkaSource:
     """Spark's built-in Kafka source; the consumer group is never used for reading (Spark
     assigns partitions itself and keeps offsets in the checkpoint)."""
 
+    new_partitions_start_at_stored_offsets = False
+
     def __init__(self, kafka: KafkaConfig, admin: KafkaAdmin | None = None) -> None:
         self.kafka = kafka
         self._admin = admin
 
-    def starting(self, stored: StoredOffsets | None) -> str | dict[str, dict[str, int]]:
-        if stored is None:
+    def starting(
+        self, stored: StoredOffsets | None, resuming: bool = False
+    ) -> str | dict[str, dict[str, int]]:
+        """startingOffsets: Kafka is asked for the partitions only when Spark will read the
+        answer (a new checkpoint resuming from stored offsets); a checkpoint that already
+        holds a plan ignores the option, so its restarts need no librdkafka client at all."""
+        if stored is None or resuming:
             return self.kafka.starting_offsets
         admin = self._admin or KafkaAdmin(self.kafka.client_config())
         partitions = admin.partitions(self.kafka.topics)
         return starting_offsets(stored.offsets, partitions, self.kafka.starting_offsets)
 
-    def stream(self, spark: SparkSession, stored: StoredOffsets | None) -> DataFrame:
+    def stream(
+        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+    ) -> DataFrame:
         try:
             parallelism = spark.sparkContext.defaultParallelism
         except Exception:  # Spark Connect has no SparkContext
             parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
-        options = spark_kafka_options(self.kafka, self.starting(stored), parallelism)
+        options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
         return spark.readStream.format("kafka").options(**options).load()

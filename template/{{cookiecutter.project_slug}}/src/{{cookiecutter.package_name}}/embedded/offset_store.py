@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ..offsets import StoredOffsets, newest_stored_paged
+from ..offsets import StoredOffsets, newest_stored_paged, stored_from_transactions
+
+Partitions = Callable[[], Mapping[str, list[int]]]
+"""Lazily lists the subscribed partitions (a Kafka metadata query, made only when needed)."""
 
 
 def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
@@ -16,10 +21,16 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaT
         return None
 
 
-def newest_stored_in(table: DeltaTable, pipeline_id: str) -> StoredOffsets | None:
-    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s snapshot, or
-    None (no commit of this pipeline in the retained log)."""
-    return newest_stored_paged(table.history, pipeline_id)
+def newest_stored_in(
+    table: DeltaTable, pipeline_id: str, partitions: Partitions | None = None
+) -> StoredOffsets | None:
+    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s snapshot; when
+    log cleanup removed every such commit, the offsets kept as txn actions for ``partitions``
+    (see :mod:`..offsets`); None when the pipeline never committed to the table."""
+    stored = newest_stored_paged(table.history, pipeline_id)
+    if stored is not None or partitions is None:
+        return stored
+    return stored_from_transactions(table.transaction_version, pipeline_id, partitions())
 
 
 class DeltaRsOffsetStore:
@@ -30,8 +41,9 @@ class DeltaRsOffsetStore:
         self.pipeline_id = pipeline_id
         self.storage_options = dict(storage_options or {})
 
-    def read(self) -> StoredOffsets | None:
-        """Offsets of the newest commit tagged with this pipeline id, or None (no table, or no
-        commit of this pipeline in the retained log)."""
+    def read(self, partitions: Partitions | None = None) -> StoredOffsets | None:
+        """Offsets of the newest commit tagged with this pipeline id (or, after log cleanup,
+        of its txn actions for ``partitions``), or None (no table, or no commit of this
+        pipeline)."""
         table = open_table(self.table_uri, self.storage_options)
-        return None if table is None else newest_stored_in(table, self.pipeline_id)
+        return None if table is None else newest_stored_in(table, self.pipeline_id, partitions)

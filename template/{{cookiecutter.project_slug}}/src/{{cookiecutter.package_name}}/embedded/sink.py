@@ -18,7 +18,14 @@ from ..engine import (
     check_contiguous,
     split_dead_letters,
 )
-from ..offsets import BatchCommit, Offsets, StoredOffsets, newest_stored, offsets_to_json
+from ..offsets import (
+    BatchCommit,
+    Offsets,
+    StoredOffsets,
+    newest_stored,
+    offsets_to_json,
+    partitions_of,
+)
 from .offset_store import newest_stored_in, open_table
 
 __all__ = ["DeltaRsSink", "FencingError", "SinkResult", "check_contiguous"]
@@ -32,8 +39,10 @@ _MAX_ATTEMPTS = 10
 class DeltaRsSink:
     """Writes each batch to a Delta table in exactly one commit (append or upsert MERGE).
 
-    The commit carries the rows, a ``txn`` action ``(app_id, batch_id)`` and the batch's end
-    offsets in ``userMetadata``. Before committing, on one snapshot of the table:
+    The commit carries the rows, the batch's end offsets in ``userMetadata`` and the txn
+    actions of :meth:`..offsets.BatchCommit.transactions`: ``(app_id, batch_id)``, the
+    pipeline's fence ``seq`` and each partition's end offset (which Delta checkpoints keep, so
+    the offsets survive log cleanup). Before committing, on one snapshot of the table:
 
     - replay (I2): delta-rs, unlike delta-spark, does not skip a write whose txn version is
       already recorded, so the sink checks ``transaction_version`` itself; a replayed batch
@@ -102,8 +111,11 @@ class DeltaRsSink:
         merger.when_not_matched_insert_all().execute()
         return table.version()
 
-    def stored_offsets(self, table: DeltaTable) -> StoredOffsets | None:
-        """This pipeline's newest stored offsets as of ``table``'s snapshot."""
+    def stored_offsets(
+        self, table: DeltaTable, commit: BatchCommit | None = None, start: Offsets | None = None
+    ) -> StoredOffsets | None:
+        """This pipeline's newest stored offsets as of ``table``'s snapshot (after log cleanup,
+        from the txn actions of the partitions ``commit`` and ``start`` name)."""
         version = table.version()
         if self._known is not None and self._known[0] <= version:
             known_version, known = self._known
@@ -114,9 +126,26 @@ class DeltaRsSink:
             )
             stored = newer if newer is not None else known
         else:
-            stored = newest_stored_in(table, self.pipeline_id)
+            names = partitions_of(commit.end_offsets if commit else {}, start or {})
+            stored = newest_stored_in(table, self.pipeline_id, lambda: names)
         self._known = (version, stored)
         return stored
+
+    @staticmethod
+    def _replayed(table: DeltaTable | None, commit: BatchCommit) -> int | None:
+        """The txn version recorded for the batch's checkpoint when it covers the batch."""
+        done = table.transaction_version(commit.app_id) if table is not None else None
+        return done if done is not None and done >= commit.batch_id else None
+
+    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+        """True when the batch is already in the table (a replay); raises
+        :class:`FencingError` when it does not start where the table ends. Writes nothing."""
+        table = self._table()
+        if self._replayed(table, commit) is not None:
+            return True
+        stored = self.stored_offsets(table, commit, start) if table is not None else None
+        check_contiguous(stored, start, commit)
+        return False
 
     def append_unprotected(self, rows: Rows) -> SinkResult:
         """Plain append: no txn, no offsets, no fencing. Only for measuring what the
@@ -131,15 +160,10 @@ class DeltaRsSink:
         """Commit ``rows`` as batch ``commit``; ``start`` (the batch's start offsets) enables
         the fencing check."""
         data = _arrow(rows)
-        properties = CommitProperties(
-            app_transactions=[Transaction(commit.app_id, commit.batch_id)],
-            custom_metadata={"userMetadata": commit.user_metadata()},
-            max_commit_retries=0,
-        )
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             table = self._table()
-            done = table.transaction_version(commit.app_id) if table is not None else None
-            if done is not None and done >= commit.batch_id:
+            done = self._replayed(table, commit)
+            if done is not None:
                 log.info(
                     "batch %d of %s is already in the table (txn version %d): replay skipped",
                     commit.batch_id,
@@ -147,8 +171,14 @@ class DeltaRsSink:
                     done,
                 )
                 return SinkResult(written=False, rows=0, delta_version=None)
-            stored = self.stored_offsets(table) if table is not None else None
+            stored = self.stored_offsets(table, commit, start) if table is not None else None
             check_contiguous(stored, start, commit)
+            commit = commit.on_top_of(stored)
+            properties = CommitProperties(
+                app_transactions=[Transaction(a, v) for a, v in commit.transactions()],
+                custom_metadata={"userMetadata": commit.user_metadata()},
+                max_commit_retries=0,
+            )
             try:
                 version = self._write(table, data, properties)
             except CommitFailedError as exc:
@@ -161,7 +191,9 @@ class DeltaRsSink:
                 continue
             self._known = (
                 version,
-                StoredOffsets(commit.end_offsets, version, commit.app_id, commit.batch_id),
+                StoredOffsets(
+                    commit.end_offsets, version, commit.app_id, commit.batch_id, commit.seq
+                ),
             )
             log.debug(
                 "batch %d committed at version %d: %s",

@@ -213,15 +213,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning ---------------------------------------------------------------------------
 
+    def _first_offset(self, topic: str, partition: int, earliest: Offsets) -> int:
+        """Where a partition new to the checkpoint starts (a topic added to the subscription,
+        partitions added to a topic, a topic re-added): at the offset the table stores for it,
+        else at its earliest offset, as Spark's kafka source starts new partitions. Never at
+        its latest: records produced before the pipeline noticed the partition would be lost."""
+        stored = self.options.stored_offsets.get(topic, {}).get(partition)
+        return stored if stored is not None else earliest[topic][partition]
+
     def initialOffset(self) -> dict[str, Any]:
         partitions = self.admin.partitions(self.options.topics)
         marks = self.admin.watermarks(partitions)
-        default = marks.earliest if self.options.starting_offsets == "earliest" else marks.latest
         stored = self.options.stored_offsets
-        start = {
-            t: {p: stored.get(t, {}).get(p, default[t][p]) for p in parts}
-            for t, parts in partitions.items()
-        }
+        if any(stored.values()):
+            # The pipeline has run before (a new checkpoint of it): startingOffsets no longer
+            # applies; every partition resumes where the table ends, or is new.
+            start = {
+                t: {p: self._first_offset(t, p, marks.earliest) for p in parts}
+                for t, parts in partitions.items()
+            }
+        else:
+            default = (
+                marks.earliest if self.options.starting_offsets == "earliest" else marks.latest
+            )
+            start = {t: {p: default[t][p] for p in parts} for t, parts in partitions.items()}
         return offsets_to_json(self._guard_data_loss(start, marks))
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -239,9 +254,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions = self.admin.partitions(self.options.topics)
         marks = self.admin.watermarks(partitions)
         self._latest = marks.latest
-        # Partitions added since the last batch start at their earliest offset.
+        # Partitions new to the checkpoint start at their stored offset, else their earliest.
         begin = {
-            t: {p: begin.get(t, {}).get(p, marks.earliest[t][p]) for p in parts}
+            t: {
+                p: begin[t][p]
+                if p in begin.get(t, {})
+                else self._first_offset(t, p, marks.earliest)
+                for p in parts
+            }
             for t, parts in partitions.items()
         }
         guarded = self._guard_data_loss(begin, marks)
@@ -309,6 +329,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, stop = offsets_from_json(start), offsets_from_json(end)
+        # Spark passes the previous batch's end as the start: a partition latestOffset added
+        # to this batch (new to the checkpoint) is absent from it and starts by the same rule.
+        new = {
+            t: [p for p in parts if p not in begin.get(t, {})]
+            for t, parts in stop.items()
+            if any(p not in begin.get(t, {}) for p in parts)
+        }
+        if new:
+            earliest = self.admin.watermarks(new).earliest
+            for t, parts in new.items():
+                for p in parts:
+                    begin.setdefault(t, {})[p] = self._first_offset(t, p, earliest)
         if not self.options.fail_on_data_loss:
             # Skip ahead over deleted records instead of failing in the read task.
             earliest = self.admin.watermarks(

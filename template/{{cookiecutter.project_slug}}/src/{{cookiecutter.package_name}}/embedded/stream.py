@@ -35,10 +35,16 @@ def embedded_source_options(
 class EmbeddedSource:
     """Python data source on confluent-kafka: needs no JVM connector jars."""
 
+    new_partitions_start_at_stored_offsets = True
+
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
 
-    def stream(self, spark: SparkSession, stored: StoredOffsets | None) -> DataFrame:
+    def stream(
+        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+    ) -> DataFrame:
+        # ``resuming`` changes nothing here: the stored offsets also start partitions new to
+        # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
         options = embedded_source_options(self.kafka, stored, spark.sparkContext.defaultParallelism)
         return spark.readStream.format(SOURCE_NAME).options(**options).load()

@@ -1,0 +1,193 @@
+"""Exactly once through the ordinary operations of a running pipeline (I8), on both sinks:
+topics added, removed and re-added; a retried checkpoint whose batch 0 never committed; two
+checkpoints racing for one commit; Delta log cleanup. Real broker, real tables, real Spark;
+tables are checked with delta-rs directly."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from conftest import skip_without_connectors
+from {{ cookiecutter.package_name }}.devtools.produce import produce_events, produce_values
+from {{ cookiecutter.package_name }}.engine import FencingError, build_engine
+from {{ cookiecutter.package_name }}.offsets import BatchCommit, OffsetsExpiredError
+from {{ cookiecutter.package_name }}.pipeline import Pipeline
+from support import assert_exactly_once, assert_offsets_agree
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+@pytest.fixture(params=["delta_rs", "delta_spark"])
+def sink_engine(request, spark) -> dict[str, str]:
+    engine = {"source": "embedded", "sink": request.param}
+    skip_without_connectors(spark, engine)
+    return engine
+
+
+def test_a_topic_added_removed_and_re_added_on_one_checkpoint_lands_every_record_once(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    first, added = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, [first], 100)
+    Pipeline(spark, make_config([first], engine=sink_engine)).run()
+    # The new topic already holds records: they must land from its first one, not its end.
+    produce_events(kafka_bootstrap, [added], 100, first_id=100)
+    both = make_config([first, added], engine=sink_engine)
+    Pipeline(spark, both).run()
+    assert_exactly_once(both, 200)
+
+    # Removed, written to meanwhile, re-added: it resumes at the offsets the table stores.
+    produce_events(kafka_bootstrap, [added], 60, first_id=200)
+    Pipeline(spark, make_config([first], engine=sink_engine)).run()
+    produce_events(kafka_bootstrap, [first, added], 40, first_id=260)
+    Pipeline(spark, both).run()
+
+    assert_exactly_once(both, 300)
+    assert_offsets_agree(both)
+
+
+def test_a_new_checkpoint_reads_a_topic_added_since_from_its_earliest_even_when_starting_latest(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    first, added = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, [first], 50)
+    cfg = make_config([first])
+    Pipeline(spark, cfg).run()
+    produce_events(kafka_bootstrap, [added], 70, first_id=50)
+
+    # starting_offsets only applies to the pipeline's very first start: once the table stores
+    # offsets, a partition they do not name is new and starts at its earliest offset.
+    shutil.rmtree(cfg.checkpoint)
+    both = make_config([first, added], starting_offsets="latest")
+    Pipeline(spark, both).run()
+
+    assert_exactly_once(both, 120)
+    assert_offsets_agree(both)
+
+
+def _fails_in_batch(df):
+    raise RuntimeError("transform failed inside batch 0")
+
+
+def test_a_retried_checkpoint_whose_batch_zero_never_committed_cannot_rewind_or_duplicate(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path: Path
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 150)
+    # Records the transform cannot parse: a losing run must not send them anywhere either.
+    produce_values(kafka_bootstrap, topic, [(0, b"not json"), (1, b"{broken")])
+    produce_events(kafka_bootstrap, [topic], 150, first_id=150)
+    retried = make_config([topic], engine=sink_engine)
+    # Batch 0 of the first checkpoint is planned (Spark persisted its range), then fails.
+    with pytest.raises(Exception, match="transform failed inside batch 0"):
+        Pipeline(spark, retried, transform=_fails_in_batch).run()
+    # Meanwhile more records arrive and another checkpoint of the pipeline writes everything.
+    produce_events(kafka_bootstrap, [topic], 50, first_id=300)
+    other = retried.with_overrides(checkpoint=str(tmp_path / "second-checkpoint"))
+    Pipeline(spark, other).run()
+    assert_exactly_once(other, 350)
+    dead = DeltaTable(other.dead_letter_table)
+    dead_version = dead.version()
+    version = DeltaTable(retried.delta.table).version()
+
+    # The job is retried on its first checkpoint: batch 0 re-plays its old range.
+    with pytest.raises(Exception, match=r"backwards|does not start where the table ends"):
+        Pipeline(spark, retried).run()
+
+    assert DeltaTable(retried.delta.table).version() == version
+    assert DeltaTable(other.dead_letter_table).version() == dead_version
+    assert DeltaTable(other.dead_letter_table).to_pyarrow_table().num_rows == 2
+    assert_exactly_once(other, 350)
+    produce_events(kafka_bootstrap, [topic], 50, first_id=350)
+    Pipeline(spark, other).run()
+    assert_exactly_once(other, 400)
+    assert_offsets_agree(other)
+
+
+def _rows(spark, *ids: int):
+    return spark.createDataFrame([(i,) for i in ids], "id long")
+
+
+def test_two_checkpoints_racing_for_one_commit_cannot_both_commit(
+    spark, make_config, sink_engine, monkeypatch
+) -> None:
+    cfg = make_config(["o"], engine=sink_engine)
+    mine, theirs = build_engine(spark, cfg).sink, build_engine(spark, cfg).sink
+    mine.commit_batch(_rows(spark, 1), BatchCommit(cfg.pipeline_id, "p.c1", 0, {"o": {0: 1}}))
+    racing = BatchCommit(cfg.pipeline_id, "p.c2", 0, {"o": {0: 3}})
+    winner = BatchCommit(cfg.pipeline_id, "p.c1", 1, {"o": {0: 3}})
+    module = __import__(type(mine).__module__, fromlist=["check_contiguous"])
+    real_check = module.check_contiguous
+    raced = []
+
+    def check_then_lose_the_race(stored, start, commit):
+        real_check(stored, start, commit)
+        if commit is racing and not raced:
+            # Between this run's check and its commit, another checkpoint commits the range.
+            raced.append(mine.commit_batch(_rows(spark, 2, 3), winner, start={"o": {0: 1}}))
+
+    monkeypatch.setattr(module, "check_contiguous", check_then_lose_the_race)
+
+    with pytest.raises(FencingError):
+        theirs.commit_batch(_rows(spark, 2, 3), racing, start={"o": {0: 1}})
+
+    assert raced and raced[0].written
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == [1, 2, 3]
+
+
+def _clean_up_the_log(table_uri: str) -> int:
+    """What Delta's log cleanup leaves after the retention period: other writers committed,
+    a Delta checkpoint was written, and every JSON commit it covers is deleted."""
+    table = DeltaTable(table_uri)
+    schema = pa.schema(table.schema().to_arrow())
+    for _ in range(3):  # other writers: empty appends with no pipeline metadata
+        write_deltalake(table_uri, schema.empty_table(), mode="append")
+    table = DeltaTable(table_uri)
+    table.create_checkpoint()
+    checkpointed = table.version()
+    log = Path(table_uri) / "_delta_log"
+    for commit in log.glob("*.json"):
+        if int(commit.stem) < checkpointed:
+            commit.unlink()
+            Path(log / f".{commit.name}.crc").unlink(missing_ok=True)
+            (log / f"{commit.stem}.crc").unlink(missing_ok=True)
+    return checkpointed
+
+
+def test_delta_log_cleanup_loses_no_offsets_with_the_checkpoint_kept_or_deleted(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    topics = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, engine=sink_engine, max_records_per_trigger=120)
+    Pipeline(spark, cfg).run()
+    _clean_up_the_log(cfg.delta.table)
+    assert not any(
+        "kafka_delta" in str(c.get("userMetadata")) for c in DeltaTable(cfg.delta.table).history()
+    )
+    produce_events(kafka_bootstrap, topics, 100, first_id=300)
+
+    if sink_engine["sink"] == "delta_spark":
+        # delta-spark's writer carries one txn per commit (the fence): its offsets lived in the
+        # expired commit only. The pipeline stops with the reason, reading and writing nothing.
+        version = DeltaTable(cfg.delta.table).version()
+        with pytest.raises(OffsetsExpiredError, match="log cleanup"):
+            Pipeline(spark, cfg).run()
+        assert DeltaTable(cfg.delta.table).version() == version
+        return
+
+    Pipeline(spark, cfg).run()  # the checkpoint kept
+    assert_exactly_once(cfg, 400)
+    _clean_up_the_log(cfg.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    produce_events(kafka_bootstrap, topics, 100, first_id=400)
+    Pipeline(spark, cfg).run()  # the checkpoint deleted: resumes from the txn actions
+
+    assert_exactly_once(cfg, 500)
+    assert_offsets_agree(cfg)
