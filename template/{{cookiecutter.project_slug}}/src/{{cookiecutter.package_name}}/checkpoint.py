@@ -1,10 +1,18 @@
 """What the pipeline reads from Spark's checkpoint: each batch's planned end offsets and the
 query id. Both engines' sources write the same offset JSON there.
 
-Spark writes ``offsets/<batch_id>`` (a version line, a metadata line, then one line per source)
-*before* the batch runs, so it is the authoritative plan of ``[start, end)``, for a replayed
-batch too. Reading it, rather than ``max(offset) + 1`` of the data, keeps the end offsets right
-across gaps left by transaction markers and compaction.
+Spark writes ``offsets/<batch_id>`` *before* the batch runs, so it is the authoritative plan of
+``[start, end)``, for a replayed batch too. Reading it, rather than ``max(offset) + 1`` of the
+data, keeps the end offsets right across gaps left by transaction markers and compaction. Its
+format depends on ``spark.sql.streaming.offsetLog.formatVersion`` (Spark's ``OffsetSeqLog``):
+
+    v1                          v2 (Spark 4.2: named sources, an ``OffsetMap``)
+    {metadata JSON}             {metadata JSON}
+    {offset JSON of source 0}   0:{offset JSON of source "0"}   (sourceId, first ":", offset)
+    ...                         ...
+
+``-`` instead of an offset means the source has none. A checkpoint keeps the version it was
+created with, so both occur side by side on one cluster.
 
 A local path (or ``file:``, or a FUSE mount such as ``/Volumes/...`` or ``/dbfs/...`` on
 Databricks) is read directly; any other URI (``s3://``, ``abfss://``, ``dbfs:/``) through Spark
@@ -20,6 +28,9 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from .offsets import Offsets, offsets_from_json
+
+# First line of an ``offsets/<batch_id>`` file: the formats this module reads.
+_OFFSET_LOG_VERSIONS = frozenset({"v1", "v2"})
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -63,17 +74,39 @@ class CheckpointLog:
 
     def end_offsets(self, batch_id: int) -> Offsets:
         """End offsets Spark planned for ``batch_id`` (``{topic: {partition: next offset}}``)."""
+        return offsets_from_json(json.loads(self.source_offset_json(batch_id)))
+
+    def source_offset_json(self, batch_id: int) -> str:
+        """The offset JSON text Spark planned for ``batch_id`` of the query's one source, as
+        written in ``offsets/<batch_id>`` in either offset log format (v1 or v2)."""
+        where = f"{self.location}/offsets/{batch_id}"
         text = self._read(f"offsets/{batch_id}")
         if text is None:
             raise CheckpointMismatchError(
                 f"checkpoint {self.location} has no offset log entry for batch {batch_id}"
             )
-        lines = text.splitlines()
-        if len(lines) < 3:
+        version, *rest = text.splitlines() or [""]
+        if version.strip() not in _OFFSET_LOG_VERSIONS:
             raise CheckpointMismatchError(
-                f"offset log entry {self.location}/offsets/{batch_id} has no source offsets"
+                f"offset log entry {where} has format version {version.strip()[:20]!r}; this "
+                f"pipeline reads {' and '.join(sorted(_OFFSET_LOG_VERSIONS))} (Spark's "
+                "spark.sql.streaming.offsetLog.formatVersion 1 and 2)"
             )
-        return offsets_from_json(json.loads(lines[2]))
+        sources = [line for line in rest[1:] if line.strip()]
+        if version.strip() == "v2":
+            # One "sourceId:offset" line per source; Spark splits at the first colon.
+            named = [line.partition(":") for line in sources]
+            if any(not sep for _, sep, _ in named):
+                raise CheckpointMismatchError(f"offset log entry {where} is not a v2 entry")
+            sources = [offset for _, _, offset in named]
+        if len(sources) != 1:
+            raise CheckpointMismatchError(
+                f"offset log entry {where} has {len(sources)} source offsets; the pipeline "
+                "reads exactly one source"
+            )
+        if sources[0].strip() == "-":
+            raise CheckpointMismatchError(f"offset log entry {where} has no offset for its source")
+        return sources[0]
 
     def query_id(self) -> str | None:
         """The query id stored in the checkpoint's ``metadata`` file (None before the first
