@@ -1226,4 +1226,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from process_exit import run_and_exit  # leaves with the real status, see there
+
+    run_and_exit(main)

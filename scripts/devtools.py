@@ -39,4 +39,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    from process_exit import run_and_exit  # leaves with the real status, see there
+
+    run_and_exit(lambda: main(sys.argv[1:]))

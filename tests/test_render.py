@@ -122,7 +122,8 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
     assert pyproject["project"]["name"] == slug
     assert pyproject["project"]["description"] == answers["description"]
     assert pyproject["project"]["authors"] == [{"name": answers["author_name"]}]
-    assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
+    # run() leaves with the real exit status of main() (process_exit.py)
+    assert pyproject["project"]["scripts"] == {slug: f"{package}.main:run"}
     assert (project / "src" / package / "main.py").is_file()
 
     bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))

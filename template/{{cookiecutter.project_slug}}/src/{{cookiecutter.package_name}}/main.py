@@ -1,4 +1,5 @@
-"""Entry point: ``spark-submit src/<pkg>/main.py``, the console script, or ``python -m <pkg>``.
+"""Entry point: ``spark-submit src/<pkg>/main.py``, the console script, or ``python -m <pkg>``
+(all three call :func:`run`; :func:`main` is the same without leaving the process).
 
 spark-submit src/<pkg>/main.py --env local --trigger available-now
 """
@@ -32,6 +33,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--env", default="local", help="use conf/<ENV>.yaml (default: local)")
     where.add_argument("--config", type=Path, help="path of a YAML config file")
     parser.add_argument("--bootstrap-servers", help="override kafka.bootstrap_servers")
+    parser.add_argument("--consumer-group", help="override kafka.consumer_group")
     parser.add_argument("--table", help="override delta.table (path or URI)")
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
     parser.add_argument(
@@ -69,6 +71,7 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
     return config.with_overrides(
         **{
             "kafka.bootstrap_servers": args.bootstrap_servers,
+            "kafka.consumer_group": args.consumer_group,
             "delta.table": _absolute(args.table),
             "checkpoint": _absolute(args.checkpoint),
             "trigger.mode": args.trigger.replace("-", "_") if args.trigger else None,
@@ -161,5 +164,14 @@ def _root_message(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def run() -> None:
+    """Entry point of the console script, ``python -m <pkg>`` and ``spark-submit main.py``:
+    :func:`main`, then leave with its real exit status, never one of interpreter teardown
+    (see :mod:`.process_exit`). Tests call :func:`main`, which returns the status."""
+    from .process_exit import run_and_exit
+
+    run_and_exit(main)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -173,5 +173,13 @@ def _cli(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """Entry point of ``python -m`` (the broker tool): leaves with its real exit status, never one
+    of interpreter teardown (see :mod:`..process_exit`)."""
+    from ..process_exit import run_and_exit
+
+    run_and_exit(_cli)
+
+
 if __name__ == "__main__":
-    raise SystemExit(_cli())
+    run()
