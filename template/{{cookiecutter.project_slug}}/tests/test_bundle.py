@@ -5,6 +5,8 @@ runs."""
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import subprocess
 import sys
@@ -65,10 +67,16 @@ def test_bundle_runs_an_entry_point_of_the_built_wheel(bundle, wheel: Path) -> N
         scripts = whl.read(entry_points).decode()
     distribution = wheel.name.split("-")[0]
     assert task["package_name"] == distribution
-    assert re.search(rf"^{re.escape(task['entry_point'])} = \S+\.main:main$", scripts, re.M)
+    # run(), not main(): it leaves with main's real exit status (see process_exit.py)
+    entry = re.search(rf"^{re.escape(task['entry_point'])} = (\S+)\.main:run$", scripts, re.M)
+    assert entry, scripts
     package = "{{ cookiecutter.package_name }}"
+    assert entry.group(1) == package
+    with zipfile.ZipFile(wheel) as whl:
+        assert re.search(r"^def run\(", whl.read(f"{package}/main.py").decode(), re.M)
     for module in (
         "main.py",
+        "process_exit.py",
         "engine.py",
         "cluster/sink.py",
         "cluster/source.py",
@@ -117,3 +125,125 @@ def test_wheels_console_script_prints_help(wheel: Path, tmp_path: Path) -> None:
 
     assert result.returncode == 0, result.stderr
     assert "--engine" in result.stdout and "--config" in result.stdout
+
+
+def _merge(base: object, override: object) -> object:
+    """``override`` merged into ``base`` the way a bundle merges a target into the top level:
+    mappings key by key, ``tasks`` by ``task_key``, anything else replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = _merge(base[key], value) if key in base else value
+        return merged
+    if (
+        isinstance(base, list)
+        and isinstance(override, list)
+        and all(isinstance(t, dict) and "task_key" in t for t in [*base, *override])
+    ):
+        tasks = {t["task_key"]: t for t in base}
+        for task in override:
+            key = task["task_key"]
+            tasks[key] = _merge(tasks[key], task) if key in tasks else task
+        return list(tasks.values())
+    return override
+
+
+def _target_job(bundle: dict, target: str) -> dict:
+    """The job as ``databricks bundle deploy -t <target>`` sees it: the target's job fields over
+    the top-level job, ``${var.x}`` resolved with the target's variables over the defaults
+    (and ``${bundle.target}``); ``${workspace...}`` is left for the workspace to fill in."""
+    values = {name: spec.get("default") for name, spec in bundle["variables"].items()}
+    for name, value in (bundle["targets"][target].get("variables") or {}).items():
+        assert name in values, f"target {target} sets undeclared variable {name}"
+        if isinstance(value, dict):
+            assert set(value) == {"default"}, f"{target}.{name}: only plain values are resolved"
+            value = value["default"]
+        values[name] = value
+    (key,) = bundle["resources"]["jobs"]
+    overrides = (bundle["targets"][target].get("resources") or {}).get("jobs") or {}
+    assert set(overrides) <= {key}, f"target {target} overrides an undeclared job"
+    job = _merge(bundle["resources"]["jobs"][key], overrides.get(key, {}))
+
+    def resolve(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        if not isinstance(node, str):
+            return node
+
+        def value(match: re.Match[str]) -> str:
+            name = match.group(1)
+            assert values.get(name) is not None, f"target {target} leaves variable {name} unset"
+            return str(values[name])
+
+        whole = re.fullmatch(r"\$\{var\.([A-Za-z_][A-Za-z0-9_]*)\}", node)
+        if whole:  # a whole-string reference keeps the variable's type
+            value(whole)
+            return values[whole.group(1)]
+        node = re.sub(r"\$\{var\.([A-Za-z_][A-Za-z0-9_]*)\}", value, node)
+        return node.replace("${bundle.target}", target)
+
+    return resolve(job)  # type: ignore[return-value]
+
+
+def _argument(job: dict, flag: str) -> str:
+    params = job["tasks"][0]["python_wheel_task"]["parameters"]
+    return params[params.index(flag) + 1]
+
+
+def test_each_target_writes_its_own_table_checkpoint_and_consumer_group(bundle) -> None:
+    targets = sorted(bundle["targets"])
+    tables = {t: _argument(_target_job(bundle, t), "--table") for t in targets}
+    checkpoints = {t: _argument(_target_job(bundle, t), "--checkpoint") for t in targets}
+    groups = {t: _argument(_target_job(bundle, t), "--consumer-group") for t in targets}
+
+    assert len(set(tables.values())) == len(targets), tables
+    assert len(set(checkpoints.values())) == len(targets), checkpoints
+    assert len(set(groups.values())) == len(targets), groups
+    paths = [*tables.values(), *checkpoints.values()]
+    for path in paths:
+        others = [p for p in paths if p != path]
+        assert not [p for p in others if p.startswith(path.rstrip("/") + "/")], (path, others)
+
+
+@pytest.mark.parametrize("target", ["dev", "prod"])
+def test_each_targets_job_parses_as_a_databricks_job(bundle, target: str) -> None:
+    jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
+    resolved = _target_job(bundle, target)
+    assert "${var." not in json.dumps(resolved)
+
+    job = jobs.Job.from_dict(resolved)
+
+    (task,) = job.tasks
+    assert task.python_wheel_task.entry_point == "{{ cookiecutter.project_slug }}"
+    assert task.new_cluster.data_security_mode.value == "SINGLE_USER"
+    assert job.max_concurrent_runs == 1
+    if target == "prod":
+        assert job.continuous.pause_status.value == "UNPAUSED"
+        assert _argument(resolved, "--trigger") == "processing-time"
+    else:
+        assert job.continuous is None
+        assert _argument(resolved, "--trigger") == "available-now"
+
+
+@pytest.mark.parametrize(
+    ("where", "misspelt"),
+    [
+        (("resources", "jobs", "*"), "max_concurent_runs"),  # the job itself
+        (("resources", "jobs", "*", "tasks", 0, "new_cluster"), "num_worker"),  # a cluster
+        (("targets", "prod", "resources", "jobs", "*"), "continous"),  # a target's override
+    ],
+)
+def test_a_misspelt_job_field_is_rejected_by_the_same_parse(
+    bundle, where: tuple[object, ...], misspelt: str
+) -> None:
+    jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
+    broken = copy.deepcopy(bundle)
+    node: object = broken
+    for step in where:
+        node = next(iter(node.values())) if step == "*" else node[step]  # type: ignore[index,union-attr]
+    node[misspelt] = 1  # type: ignore[index]
+
+    with pytest.raises(ValueError, match=f"Unexpected field '{misspelt}'"):
+        jobs.Job.from_dict(_target_job(broken, "prod"))
