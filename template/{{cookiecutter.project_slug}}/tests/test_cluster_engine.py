@@ -283,3 +283,28 @@ def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_t
     assert f"needs the {' and '.join(missing)} jars" in err, err
     assert "run_cluster_local.sh" in err
     assert not (tmp_path / "table").exists() and not (tmp_path / "checkpoint").exists()
+
+
+def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_spark() -> None:
+    from importlib.metadata import version
+
+    from pyspark.sql import SparkSession
+
+    from {{ cookiecutter.package_name }}.engine import connector_packages
+
+    delta, spark = version("delta-spark"), version("pyspark")
+    spark_major_minor = ".".join(spark.split(".")[:2])
+
+    packages = connector_packages()
+
+    assert packages == [
+        f"io.delta:delta-spark_{spark_major_minor}_2.13:{delta}",
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}",
+    ]
+    if (spark_major_minor, delta) == ("4.2", "4.4.1"):  # the pinned pair
+        assert packages[0] == "io.delta:delta-spark_4.2_2.13:4.4.1"
+    # the same coordinate delta-spark's own helper asks for (it only sets it on a builder;
+    # nothing is fetched until a session starts)
+    delta_pip = pytest.importorskip("delta.pip_utils")
+    builder = delta_pip.configure_spark_with_delta_pip(SparkSession.Builder())
+    assert builder._options["spark.jars.packages"] == packages[0]
