@@ -16,7 +16,6 @@ missing=0 duplicates=0
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -26,21 +25,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
-import yaml
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
-from cookiecutter.main import cookiecutter
 from deltalake import DeltaTable
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
+
+REPO = harness.REPO
 CRASH_POINTS = ["after_delta_commit", "before_delta_commit", "in_commit_back", "mid_read"]
 
 
 def log(message: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    harness.log("chaos", message)
 
 
 class RoundProducer:
@@ -84,34 +81,6 @@ def first_commit_seconds(table_uri: str, started_wall: float) -> float | None:
     return min(stamps) - started_wall if stamps else None
 
 
-def stored_offsets_independently(table_uri: str, pipeline_id: str) -> dict[str, dict[str, int]]:
-    """Newest offsets of ``pipeline_id`` straight from the Delta log's commitInfo."""
-    for commit in DeltaTable(table_uri).history():
-        try:
-            body = json.loads(commit.get("userMetadata") or "null")
-        except ValueError:
-            continue
-        if isinstance(body, dict) and body.get("kafka_delta", {}).get("pipeline_id") == pipeline_id:
-            return body["kafka_delta"]["offsets"]
-    return {}
-
-
-def group_offsets_independently(bootstrap: str, group: str, topics: list[str]) -> dict:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    metadata = admin.list_topics(timeout=10)
-    request = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
-    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, request)])
-    committed: dict[str, dict[str, int]] = {}
-    for tp in result[group].result().topic_partitions:
-        if tp.offset >= 0:
-            committed.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset
-    latest = admin.list_offsets({tp: OffsetSpec.latest() for tp in request})
-    ends: dict[str, dict[str, int]] = {}
-    for tp, future in latest.items():
-        ends.setdefault(tp.topic, {})[str(tp.partition)] = future.result().offset
-    return {"committed": committed, "latest": ends}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=50)
@@ -126,43 +95,43 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--workdir", type=Path, default=REPO / ".chaos")
+    parser.add_argument(
+        "--sink",
+        choices=["delta_rs", "delta_spark"],
+        default="delta_rs",
+        help=f"delta_spark needs {harness.JARS_ENV}=<folder of delta-spark jars>",
+    )
     args = parser.parse_args(argv)
     if args.resets > args.kills:
         parser.error("--resets cannot exceed --kills (a reset happens before a killed cycle)")
     rng = random.Random(args.seed)
 
+    settings = harness.sink_settings(args.sink, os.environ.get(harness.JARS_ENV))
+
     shutil.rmtree(args.workdir, ignore_errors=True)
-    project = Path(
-        cookiecutter(
-            str(REPO / "template"),
-            no_input=True,
-            config_file=str(REPO / "conf" / "embedded-local.yaml"),
-            output_dir=str(args.workdir),
-        )
-    )
-    (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
-    sys.path.insert(0, str(project / "src"))
-    from importlib import import_module
+    generated = harness.generate(args.workdir)
+    project, broker_mod, produce_mod = generated.root, generated.broker, generated.produce
 
-    broker_mod = import_module(f"{package}.devtools.broker")
-    produce_mod = import_module(f"{package}.devtools.produce")
-
-    conf = yaml.safe_load((project / "conf" / "local.yaml").read_text())
+    conf = generated.conf
+    conf["engine"] = settings["engine"]
+    conf["spark"]["conf"].update(settings.get("spark_conf", {}))
     conf["trigger"] = {"mode": "processing_time", "interval_seconds": 1}
     conf["kafka"]["max_records_per_trigger"] = 700
     conf["commit_back"]["timeout_seconds"] = 3
-    (project / "conf" / "chaos.yaml").write_text(yaml.safe_dump(conf))
+    config = generated.write_config("chaos", conf)
     topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
     pipeline_id = conf["pipeline_id"]
     table = project / conf["delta"]["table"]
     checkpoint = project / conf["checkpoint"]
 
-    log(f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round}")
+    log(
+        f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round} "
+        f"sink={args.sink}"
+    )
     broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
     bootstrap = broker.bootstrap_servers
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
-    env.update(PYTHONPATH=str(project / "src"), PYSPARK_PYTHON=sys.executable)
-    command = [sys.executable, "-m", package, "--env", "chaos", "--bootstrap-servers", bootstrap]
+    env = generated.env()
+    command = generated.command(config, bootstrap)
     recoveries: list[float] = []
     kills = resets = cycle = 0
     reset_every = max(1, args.kills // max(1, args.resets)) if args.resets else 0
@@ -228,16 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             print(final.stderr[-4000:], file=sys.stderr)
             return 1
 
-        data = DeltaTable(str(table)).to_pyarrow_table(columns=["id"])
-        ids = Counter(data.column("id").to_pylist())
-        produced = producer.produced
-        missing = len(set(range(produced)) - set(ids))
-        duplicates = sum(n - 1 for n in ids.values() if n > 1)
-        unexpected = len(set(ids) - set(range(produced)))
-        stored = stored_offsets_independently(str(table), pipeline_id)
-        group_view = group_offsets_independently(bootstrap, group, topics)
-        offsets_ok = stored == group_view["committed"] == group_view["latest"]
-        log(f"stored offsets == group committed == latest: {offsets_ok}")
+        verdict = harness.check(
+            str(table), None, producer.produced, 0, pipeline_id, bootstrap, group, topics
+        )
+        log(f"stored offsets == group committed == latest: {verdict.offsets_ok}")
         if recoveries:
             log(
                 f"restart to first committed batch: median {statistics.median(recoveries):.1f}s, "
@@ -247,17 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         broker.stop()
     print(
-        f"chaos: kills={kills} checkpoint_resets={resets} produced={produced} "
-        f"table_rows={data.num_rows} distinct_ids={len(ids)} missing={missing} "
-        f"duplicates={duplicates}"
+        f"chaos: kills={kills} checkpoint_resets={resets} produced={verdict.produced} "
+        f"table_rows={verdict.rows} distinct_ids={verdict.distinct} missing={verdict.missing} "
+        f"duplicates={verdict.duplicates}"
     )
-    ok = (
-        missing == duplicates == unexpected == 0
-        and produced == data.num_rows == len(ids)
-        and offsets_ok
-    )
-    return 0 if ok else 1
+    return 0 if verdict.ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from process_exit import run_and_exit  # leaves with the real status, see there
+
+    run_and_exit(main)

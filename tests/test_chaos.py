@@ -4,10 +4,13 @@ I3). The full run (`scripts/chaos --kills 50 --resets 5`) is the same code with 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(
@@ -16,9 +19,12 @@ LAST_LINE = re.compile(
 )
 
 
+@pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])
 def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once(
-    tmp_path: Path,
+    tmp_path: Path, sink: str
 ) -> None:
+    if sink == "delta_spark" and not os.environ.get("KAFKA_DELTA_JARS"):
+        pytest.skip("delta-spark jars not on the classpath (set KAFKA_DELTA_JARS)")
     result = subprocess.run(
         [
             sys.executable,
@@ -35,6 +41,8 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
             "20261122",
             "--workdir",
             str(tmp_path / "chaos"),
+            "--sink",
+            sink,
         ],
         capture_output=True,
         text=True,

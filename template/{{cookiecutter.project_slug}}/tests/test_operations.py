@@ -109,6 +109,32 @@ def test_a_retried_checkpoint_whose_batch_zero_never_committed_cannot_rewind_or_
     assert_offsets_agree(other)
 
 
+def test_dead_letters_a_run_sent_before_dying_are_not_sent_again_by_another_checkpoint(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path: Path
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 100)
+    produce_values(kafka_bootstrap, topic, [(0, b"not json"), (1, b"{broken")])
+    cfg = make_config([topic], engine=sink_engine)
+    stopped = Pipeline(spark, cfg)
+
+    def dies_before_the_main_commit(*args, **kwargs):
+        raise RuntimeError("the process died before the main commit")
+
+    # Dead letters are committed first (a crash between the two commits loses none)...
+    stopped.engine.sink.commit_batch = dies_before_the_main_commit
+    with pytest.raises(Exception, match="died before the main commit"):
+        stopped.run()
+    assert DeltaTable(cfg.dead_letter_table).to_pyarrow_table().num_rows == 2
+
+    # ...so another checkpoint re-reading the range must not send them again.
+    Pipeline(spark, cfg.with_overrides(checkpoint=str(tmp_path / "other"))).run()
+
+    assert_exactly_once(cfg, 100)
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table()
+    assert sorted(dead["value"].to_pylist()) == [b"not json", b"{broken"]
+
+
 def _rows(spark, *ids: int):
     return spark.createDataFrame([(i,) for i in ids], "id long")
 

@@ -61,9 +61,14 @@ def connector_packages() -> list[str]:
     delta-spark (Spark 4 is built for Scala 2.13), for ``spark-submit --packages``."""
     from importlib.metadata import version
 
+    spark = version("pyspark")
+    # delta-spark's own rule (delta/pip_utils.py, configure_spark_with_delta_pip, 4.4.1): the
+    # artifact carries the Spark major.minor it is built for, io.delta:delta-spark_4.2_2.13 for
+    # pyspark 4.2.x. That helper only hands back a SparkSession builder, so the rule is repeated.
+    spark_major_minor = ".".join(spark.split(".")[:2])
     return [
-        f"io.delta:delta-spark_2.13:{version('delta-spark')}",
-        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}",
+        f"io.delta:delta-spark_{spark_major_minor}_2.13:{version('delta-spark')}",
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}",
     ]
 
 
@@ -199,6 +204,8 @@ class Engine:
     sink: Sink
     offset_store: OffsetStore
     dead_letter_sink: Sink | None
+    # Offsets stored in the dead-letter table (same tag and rules as the main table's).
+    dead_letter_offsets: OffsetStore | None = None
 
 
 # -- shared sink rules ------------------------------------------------------------------------
@@ -226,7 +233,9 @@ def check_contiguous(
             (t, p, end, stored.offsets[t][p])
             for t, parts in commit.end_offsets.items()
             for p, end in parts.items()
-            if p in stored.offsets.get(t, {}) and end < stored.offsets[t][p]
+            if p in stored.offsets.get(t, {})
+            and end < stored.offsets[t][p]
+            and (t, p) not in commit.rewound
         ]
         if behind:
             detail = "; ".join(f"{t}[{p}] stored {o}, batch ends at {e}" for t, p, e, o in behind)
@@ -283,6 +292,28 @@ def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     _dead_positions_missing(data.column_names)
     dead = data.filter(marked).select(["topic", "partition", "offset", DEAD_LETTER_COLUMN])
     return good, dead
+
+
+def unsent_dead_letters(dead: pa.Table, sent: Offsets) -> pa.Table:
+    """The dead letters at positions the dead-letter table's stored offsets do not cover yet.
+
+    Dead letters are committed before the batch's main commit (so a crash between the two
+    loses none). When that main commit never happens and another checkpoint, or a new one,
+    re-reads the range, its dead letters below the dead-letter table's stored offsets are
+    already there: sending them again would duplicate them.
+    """
+    if not sent or dead.num_rows == 0:
+        return dead
+    keep = [
+        offset >= sent.get(topic, {}).get(partition, -1)
+        for topic, partition, offset in zip(
+            dead.column("topic").to_pylist(),
+            dead.column("partition").to_pylist(),
+            dead.column("offset").to_pylist(),
+            strict=True,
+        )
+    ]
+    return dead.filter(pa.array(keep, pa.bool_()))
 
 
 def split_dead_letters_df(out: DataFrame) -> Materialized:
@@ -372,7 +403,8 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
         raise ConnectorMissingError(
             f"engine {config.engine.name!r} needs the {' and '.join(missing)} jars, which this "
             "Spark session does not have. On Databricks they are built in; locally run "
-            "scripts/run_cluster_local.sh (spark-submit --packages), or use engine: embedded."
+            "scripts/run_cluster_local.sh (spark-submit --packages, or --jars from the folder "
+            "KAFKA_DELTA_JARS names), or use engine: embedded."
         )
     mode = WriteMode(config.delta.mode, config.delta.merge_keys, config.delta.order_by)
     dead_table = config.dead_letter_table
@@ -398,6 +430,9 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
             dead_letter_sink=(
                 DeltaRsSink(dead_table, config.pipeline_id, options) if dead_table else None
             ),
+            dead_letter_offsets=(
+                DeltaRsOffsetStore(dead_table, config.pipeline_id, options) if dead_table else None
+            ),
         )
     from .cluster.offset_store import DeltaSparkOffsetStore
     from .cluster.sink import DeltaSparkSink
@@ -408,6 +443,9 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
         offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id),
         dead_letter_sink=(
             DeltaSparkSink(spark, dead_table, config.pipeline_id) if dead_table else None
+        ),
+        dead_letter_offsets=(
+            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id) if dead_table else None
         ),
     )
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
@@ -128,6 +128,10 @@ class BatchCommit:
     end_offsets: Offsets
     # The pipeline-wide commit number (version of the fence txn); the sink sets it.
     seq: int = 0
+    # Partitions this batch deliberately moves backwards: Kafka no longer holds the stored
+    # position (the topic was deleted and recreated) and the config allows skipping
+    # (kafka.fail_on_data_loss: false). Recorded in the commit, for the audit trail.
+    rewound: tuple[tuple[str, int], ...] = ()
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -139,13 +143,14 @@ class BatchCommit:
                     "batch_id": self.batch_id,
                     "seq": self.seq,
                     "offsets": offsets_to_json(self.end_offsets),
+                    **({"rewound": [list(tp) for tp in self.rewound]} if self.rewound else {}),
                 }
             },
             separators=(",", ":"),
         )
 
     def with_seq(self, seq: int) -> BatchCommit:
-        return BatchCommit(self.pipeline_id, self.app_id, self.batch_id, self.end_offsets, seq)
+        return replace(self, seq=seq)
 
     def on_top_of(self, stored: StoredOffsets | None) -> BatchCommit:
         """This batch as the sink commits it on top of ``stored``: the pipeline's next ``seq``,
@@ -156,7 +161,7 @@ class BatchCommit:
         offsets = {topic: dict(parts) for topic, parts in stored.offsets.items()}
         for topic, parts in self.end_offsets.items():
             offsets.setdefault(topic, {}).update(parts)
-        return BatchCommit(self.pipeline_id, self.app_id, self.batch_id, offsets, stored.seq + 1)
+        return replace(self, end_offsets=offsets, seq=stored.seq + 1)
 
     def transactions(self) -> list[tuple[str, int]]:
         """Every ``(appId, version)`` txn action of this commit on a sink that can write
@@ -224,6 +229,7 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         end_offsets=offsets_from_json(body["offsets"]),
         # Commits written before the fence txn existed carry no seq: they count as 0.
         seq=int(body.get("seq", 0)),
+        rewound=tuple((str(t), int(p)) for t, p in body.get("rewound", [])),
     )
 
 

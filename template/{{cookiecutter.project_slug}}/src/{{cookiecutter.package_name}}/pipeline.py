@@ -33,10 +33,19 @@ from .engine import (
     Sink,
     build_engine,
     latest_per_key,
+    unsent_dead_letters,
 )
 from .faults import crash_point
 from .kafka_admin import KafkaAdmin, total_lag
-from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
+from .offsets import (
+    BatchCommit,
+    Offsets,
+    OffsetsExpiredError,
+    StoredOffsets,
+    app_id,
+    partitions_of,
+    total_records,
+)
 from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
@@ -118,6 +127,8 @@ class Pipeline:
         # Offsets the table held when this run started: where batch 0 of a new checkpoint
         # must begin ({} = nothing stored yet).
         self._initial: Offsets = {}
+        # The offsets stored as of the last batch of this run (at first, the table's).
+        self._known: Offsets = {}
         self._stop = threading.Event()
         self._query: StreamingQuery | None = None
 
@@ -158,6 +169,7 @@ class Pipeline:
     def start(self) -> StreamingQuery:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
+        self._known = {t: dict(parts) for t, parts in self._initial.items()}
         resumed = self.checkpoint.has_progress()
         if stored is None:
             log.info(
@@ -233,15 +245,40 @@ class Pipeline:
                 f"{first[DEAD_LETTER_COLUMN]}. Dead letters are disabled "
                 "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
             )
-        records = dead_letter_records(df, dead)
-        result = self.dead_letter_sink.commit_batch(records, commit)
-        log.warning(
-            "batch %d: %d record(s) sent to the dead-letter table %s%s",
-            commit.batch_id,
-            dead.num_rows,
-            self.dead_letter_sink.table_uri,
-            "" if result.written else " (already there: replay)",
-        )
+        table = self.dead_letter_sink.table_uri
+        store = self.engine.dead_letter_offsets
+        try:
+            sent = store.read(lambda: partitions_of(commit.end_offsets)) if store else None
+        except OffsetsExpiredError as exc:
+            log.warning("cannot tell which dead letters %s already holds: %s", table, exc)
+            sent = None
+        # A partition this batch rewinds (topic recreated) starts over: nothing of it was sent.
+        covered = {
+            t: {p: o for p, o in parts.items() if (t, p) not in commit.rewound}
+            for t, parts in (sent.offsets if sent is not None else {}).items()
+        }
+        unsent = unsent_dead_letters(dead, covered)
+        if unsent.num_rows == 0:
+            log.info(
+                "batch %d: its %d dead letter(s) are already in %s (a run that stopped before "
+                "its main commit sent them): nothing sent",
+                commit.batch_id,
+                dead.num_rows,
+                table,
+            )
+            return
+        result = self.dead_letter_sink.commit_batch(dead_letter_records(df, unsent), commit)
+        if result.written:
+            log.warning(
+                "batch %d: %d record(s) sent to the dead-letter table %s",
+                commit.batch_id,
+                unsent.num_rows,
+                table,
+            )
+        else:
+            log.info(
+                "replayed batch %d: its dead letters are already in %s", commit.batch_id, table
+            )
         crash_point("after_dead_letters")
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
@@ -274,6 +311,41 @@ class Pipeline:
             merged.setdefault(t, {}).update(parts)
         return merged
 
+    def _rewound(self, end: Offsets) -> tuple[tuple[str, int], ...]:
+        """Partitions the batch moves below the offsets the pipeline stored, allowed only where
+        Kafka no longer has the stored position (the topic was deleted and recreated, which the
+        source's data-loss guard already reported) and ``kafka.fail_on_data_loss`` is off.
+        Anywhere else a move backwards is a stale plan, and the sink refuses it."""
+        if self.config.kafka.fail_on_data_loss:
+            return ()
+        behind = {
+            t: [p for p, o in parts.items() if o < self._known.get(t, {}).get(p, o)]
+            for t, parts in end.items()
+        }
+        behind = {t: parts for t, parts in behind.items() if parts}
+        if not behind:
+            return ()
+        latest = self.admin.latest(behind)
+        rewound = tuple(
+            sorted(
+                (t, p)
+                for t, parts in behind.items()
+                for p in parts
+                if latest[t][p] < self._known[t][p]
+            )
+        )
+        for t, p in rewound:
+            log.warning(
+                "%s[%d] restarts at offset %d below the stored %d: Kafka's latest is %d (the "
+                "topic was recreated) and kafka.fail_on_data_loss is off",
+                t,
+                p,
+                end[t][p],
+                self._known[t][p],
+                latest[t][p],
+            )
+        return rewound
+
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         end = self.checkpoint.end_offsets(batch_id)
@@ -285,6 +357,7 @@ class Pipeline:
             app_id=app_id(self.config.pipeline_id, query_id),
             batch_id=batch_id,
             end_offsets=end,
+            rewound=self._rewound(end) if self.exactly_once else (),
         )
         out = self.transform(df)
         if self.config.delta.mode == "upsert":
@@ -321,6 +394,8 @@ class Pipeline:
         if result.delta_version is not None:
             summary.last_delta_version = result.delta_version
         summary.end_offsets = end
+        for topic, parts in end.items():
+            self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
         self._log_progress(

@@ -1,7 +1,8 @@
 """Delta sink on delta-spark: one commit per micro-batch holding data, txn and end offsets.
 
 Needs the delta-spark jars (built into Databricks Runtime; elsewhere ``spark-submit --packages
-io.delta:delta-spark_2.13:<version>`` with Delta's session extension and catalog).
+io.delta:delta-spark_<Spark major.minor>_2.13:<version>``, see :func:`..engine.connector_packages`,
+or ``--jars`` from a local folder, with Delta's session extension and catalog).
 
 - append: ``DataFrameWriter`` options ``txnAppId``/``txnVersion`` and ``userMetadata``;
 - upsert: MERGE, which takes no writer options, so the same three values go through the
