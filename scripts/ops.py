@@ -187,10 +187,10 @@ def scenario_topics(sink: Sink, feed: Feed) -> None:
     sink.run()
     sink.verify("topics: added")
     # Removed, written to meanwhile, added back: it resumes where the table stopped it.
-    feed.events([extra], 80)
     feed.events(sink.topics[:-1], 100)
     sink.run(sink.topics[:-1])
     sink.verify("topics: removed", sink.topics[:-1])
+    feed.events([extra], 80)  # while it is not subscribed
     feed.events(sink.topics, 100)
     sink.run()
     sink.verify("topics: re-added")
@@ -282,8 +282,16 @@ def scenario_concurrency(sink: Sink, feed: Feed) -> None:
     finally:
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        codes = [proc.wait(timeout=120) for proc in procs]
+                # To the driver alone: it stops after the current micro-batch. The whole group
+                # would take Spark's JVM down under it.
+                proc.send_signal(signal.SIGTERM)
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=120))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                codes.append(proc.wait())
     log(f"{sink.name} concurrency: exit codes {codes} (1 = stopped by fencing)")
     if codes.count(0) == 0:
         raise AssertionError(f"{sink.name}: both concurrent runs stopped: {codes}")
@@ -309,7 +317,10 @@ def aborts_are_filtered(bootstrap: str, topic: str) -> bool:
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"probe-{topic}"})
     producer.init_transactions(10)
     producer.begin_transaction()
-    producer.produce(topic, value=b"probe", partition=0)
+    for i in range(700):  # several record batches, as a real aborted transaction has
+        producer.produce(topic, value=b"probe %d" % i, partition=0)
+        if i % 100 == 99:
+            producer.flush(10)
     producer.abort_transaction(10)
     consumer = Consumer(
         {
@@ -342,8 +353,9 @@ def scenario_transactions(sink: Sink, feed: Feed) -> None:
     probe = f"probe-{sink.name}"
     sink.ops.project.produce.ensure_topics(sink.ops.bootstrap, [probe], 1)
     if aborts_are_filtered(sink.ops.bootstrap, probe):
-        feed.transaction(topic, 50, abort=True, txn_id=f"ops-{sink.name}-abort")
-        feed.transaction(topic, 50, abort=False, txn_id=f"ops-{sink.name}-abort")
+        # A producer aborts (ids the table must never hold), then retries and commits.
+        feed.transaction(topic, 300, abort=True, txn_id=f"ops-{sink.name}-abort")
+        feed.transaction(topic, 300, abort=False, txn_id=f"ops-{sink.name}-abort")
         scenario = "transactions: committed and aborted"
     else:
         note = (
