@@ -368,8 +368,10 @@ class Pipeline:
         try:
             start = self._batch_start(batch_id, end) if self.exactly_once else None
             # Fencing first: a run that may not commit this batch writes no dead letters either.
-            replay = self.exactly_once and self.sink.check(commit, start)
-            if batch.dead is not None and not replay:
+            # Without dead letters the main commit's own checks suffice: no second table read.
+            dead = batch.dead is not None
+            replay = dead and self.exactly_once and self.sink.check(commit, start)
+            if dead and not replay:
                 self._dead_letters(df, batch.dead, commit)
                 self.summary.dead_letters += batch.dead.num_rows
             crash_point("before_delta_commit")
