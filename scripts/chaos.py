@@ -34,6 +34,8 @@ import harness
 
 REPO = harness.REPO
 CRASH_POINTS = ["after_delta_commit", "before_delta_commit", "in_commit_back", "mid_read"]
+# Reached only by the delta-spark sink: its commit is in Delta, the copy of its record not yet.
+SINK_CRASH_POINTS = {"delta_spark": ["before_commit_copy"]}
 
 
 def log(message: str) -> None:
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             cycle_env = dict(env)
             if cycle % 2:
                 # Named points in turn, so even a short run hits the one that matters most.
-                point = CRASH_POINTS[(cycle // 2) % len(CRASH_POINTS)]
+                points = CRASH_POINTS + SINK_CRASH_POINTS.get(args.sink, [])
+                point = points[(cycle // 2) % len(points)]
                 cycle_env["KAFKA_DELTA_CRASH_AT"] = point
                 how, delay = f"crash point {point}", 60.0
             else:

@@ -387,16 +387,6 @@ def clean_up_the_log(table_uri: str) -> None:
 
 def scenario_log_cleanup(sink: Sink, feed: Feed) -> None:
     clean_up_the_log(sink.table)
-    if sink.name == "delta_spark":
-        # One txn per delta-spark commit (the fence): its offsets lived in the expired commit.
-        version = DeltaTable(sink.table).version()
-        output = sink.run(expect=1)
-        assert "log cleanup" in output, output[-3000:]
-        assert DeltaTable(sink.table).version() == version
-        note = "log cleanup on delta_spark: stops with OffsetsExpiredError, nothing written"
-        sink.ops.notes.append(note)
-        sink.ops.scenarios.add("log cleanup: documented stop (delta_spark)")
-        return
     feed.events(sink.topics, 150)
     sink.run()
     sink.verify("log cleanup: checkpoint kept")

@@ -199,21 +199,67 @@ def test_delta_log_cleanup_loses_no_offsets_with_the_checkpoint_kept_or_deleted(
     )
     produce_events(kafka_bootstrap, topics, 100, first_id=300)
 
-    if sink_engine["sink"] == "delta_spark":
-        # delta-spark's writer carries one txn per commit (the fence): its offsets lived in the
-        # expired commit only. The pipeline stops with the reason, reading and writing nothing.
-        version = DeltaTable(cfg.delta.table).version()
-        with pytest.raises(OffsetsExpiredError, match="log cleanup"):
-            Pipeline(spark, cfg).run()
-        assert DeltaTable(cfg.delta.table).version() == version
-        return
-
     Pipeline(spark, cfg).run()  # the checkpoint kept
     assert_exactly_once(cfg, 400)
     _clean_up_the_log(cfg.delta.table)
     shutil.rmtree(cfg.checkpoint)
     produce_events(kafka_bootstrap, topics, 100, first_id=400)
-    Pipeline(spark, cfg).run()  # the checkpoint deleted: resumes from the txn actions
+    # The checkpoint deleted: resumes from the txn actions (delta-rs) or the copy of the
+    # pipeline's last commit (delta-spark).
+    Pipeline(spark, cfg).run()
 
     assert_exactly_once(cfg, 500)
     assert_offsets_agree(cfg)
+
+
+def test_delta_spark_keeps_a_copy_of_its_commit_written_after_a_crash_and_kept_by_vacuum(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """delta-spark's offsets survive log cleanup through a copy of the commit record beside the
+    table: one lost to a crash between the commit and the copy is written again at start-up,
+    while the log still holds the commit, and VACUUM (delta-spark's and delta-rs's) keeps it."""
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 100)
+    cfg = make_config(topics, engine=engine)
+    Pipeline(spark, cfg).run()
+    copies = Path(cfg.delta.table) / "_kafka_delta" / cfg.pipeline_id / "commits"
+    newest = max(int(p.stem) for p in copies.glob("*.json"))
+    shutil.rmtree(copies)  # as if the run had died between its commit and the copy
+
+    produce_events(kafka_bootstrap, topics, 50, first_id=100)
+    Pipeline(spark, cfg).run()  # start-up writes the missing copy, then the new commits'
+    kept = {int(p.stem) for p in copies.glob("*.json")}
+    assert newest in kept and max(kept) > newest
+
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    spark.sql(f"VACUUM delta.`{cfg.delta.table}` RETAIN 0 HOURS")
+    DeltaTable(cfg.delta.table).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False
+    )
+    _clean_up_the_log(cfg.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    produce_events(kafka_bootstrap, topics, 50, first_id=150)
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 200)
+    assert_offsets_agree(cfg)
+
+
+def test_without_any_copy_or_offset_txn_a_cleaned_up_delta_spark_table_stops_and_writes_nothing(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 60)
+    cfg = make_config(topics, engine=engine)
+    Pipeline(spark, cfg).run()
+    shutil.rmtree(Path(cfg.delta.table) / "_kafka_delta")
+    _clean_up_the_log(cfg.delta.table)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(OffsetsExpiredError, match=r"commits/\d+\.json"):
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version

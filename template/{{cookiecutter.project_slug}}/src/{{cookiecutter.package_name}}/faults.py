@@ -9,8 +9,9 @@ worker daemon, which moves itself to a group of its own, so it never reaches the
 
 Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
 ``after_dead_letters`` (dead letters committed, main commit not yet), ``after_delta_commit``
-(the batch is in Delta; Spark has not recorded it), ``in_commit_back`` (the hook is about to
-commit to the group).
+(the batch is in Delta; Spark has not recorded it), ``before_commit_copy`` (delta-spark sink:
+the batch is in Delta, the copy of its commit record not yet written), ``in_commit_back`` (the
+hook is about to commit to the group).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ POINTS = frozenset(
         "before_delta_commit",
         "after_dead_letters",
         "after_delta_commit",
+        "before_commit_copy",
         "in_commit_back",
     }
 )

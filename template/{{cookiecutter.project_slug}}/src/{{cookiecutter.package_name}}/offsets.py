@@ -41,8 +41,9 @@ commits older than ``delta.logRetentionDuration``. A pipeline idle for longer th
 other writers commit would lose its ``userMetadata`` offsets. The delta-rs sink therefore also
 writes one txn per partition whose version is the partition's end offset, as kafka-delta-ingest
 does; they are read back when the log no longer holds a commit of the pipeline
-(:func:`stored_from_transactions`). delta-spark's writer carries a single txn, so its tables
-keep only the fence txn across cleanup: see :mod:`.cluster.sink`.
+(:func:`stored_from_transactions`). delta-spark's writer carries a single txn (the fence), so
+the delta-spark sink keeps a copy of each commit's record beside the table, named by the fence's
+seq, and reads the copy of the seq the fence txn names: see :mod:`.cluster.commit_copies`.
 """
 
 from __future__ import annotations
@@ -182,25 +183,27 @@ class BatchCommit:
 class StoredOffsets:
     """The newest offsets this pipeline committed to the table, and where they were found.
 
-    Read from the newest commit of the pipeline in the retained log, every field is known.
-    Read from the txn actions after log cleanup expired that commit, only ``offsets`` and
-    ``seq`` are: ``delta_version``, ``app_id`` and ``batch_id`` are then None."""
+    Read from the newest commit of the pipeline in the retained log, every field is known and
+    ``user_metadata`` is that commit's record as written. After log cleanup removed that commit
+    (``expired``), they come from a copy of its record (delta-spark sink: every field but
+    ``user_metadata``) or from the txn actions (delta-rs sink: only ``offsets`` and ``seq``;
+    ``delta_version``, ``app_id`` and ``batch_id`` are then None)."""
 
     offsets: Offsets
     delta_version: int | None
     app_id: str | None
     batch_id: int | None
     seq: int = 0
-
-    @property
-    def from_log(self) -> bool:
-        """True when read from the commit itself, False when rebuilt from txn actions."""
-        return self.app_id is not None
+    expired: bool = False
+    user_metadata: str | None = None
 
     def describe(self) -> str:
-        if self.from_log:
-            return f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
-        return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
+        if self.app_id is None:
+            return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
+        where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
+        if self.expired:
+            return f"{where}, from the copy of commit {self.seq} of the pipeline (log cleaned up)"
+        return where
 
 
 def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit | None:
@@ -246,6 +249,7 @@ def newest_stored(
                 app_id=record.app_id,
                 batch_id=record.batch_id,
                 seq=record.seq,
+                user_metadata=str(commit.get("userMetadata")),
             )
     return None
 
@@ -269,14 +273,14 @@ def stored_from_transactions(
                 offsets.setdefault(topic, {})[int(p)] = offset
     if not offsets:
         raise OffsetsExpiredError(
-            f"the table holds {seq} commit(s) of pipeline {pipeline_id!r} (its fence txn), but "
-            "Delta log cleanup removed the commit that held its offsets and the table has no "
-            f"offset txn for any of {sorted(partitions)}: it was written by the delta-spark "
-            "sink, whose writer keeps a single txn per commit. Nothing was read or written. "
-            "Restore the offsets explicitly (see the README, 'Delta log cleanup'), or raise "
-            "delta.logRetentionDuration so an idle pipeline's last commit is kept."
+            f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
+            "txn), but Delta log cleanup removed that commit, and neither an offset txn for any "
+            f"of {sorted(partitions)} nor a copy of the commit ({'_kafka_delta/'}{pipeline_id}/"
+            f"commits/{seq}.json beside the table) is left to say where it ended. Nothing was "
+            "read or written. Set the offsets explicitly (README, 'Delta log cleanup'), and keep "
+            "delta.logRetentionDuration above the pipeline's longest pause."
         )
-    return StoredOffsets(offsets, None, None, None, seq=seq)
+    return StoredOffsets(offsets, None, None, None, seq=seq, expired=True)
 
 
 class OffsetsExpiredError(RuntimeError):

@@ -7,7 +7,13 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from ..offsets import StoredOffsets, newest_stored_paged, stored_from_transactions
+from ..offsets import (
+    StoredOffsets,
+    fence_app_id,
+    newest_stored_paged,
+    stored_from_transactions,
+)
+from .commit_copies import CommitCopies
 
 
 def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
@@ -35,17 +41,25 @@ def newest_stored_in(
     pipeline_id: str,
     table_uri: str | None = None,
     partitions: Callable[[], Mapping[str, list[int]]] | None = None,
+    copies: CommitCopies | None = None,
 ) -> StoredOffsets | None:
     """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s log; when log
-    cleanup removed every such commit, what the table's txn actions keep (read with delta-rs:
-    delta-spark's Python API has no reader of txn actions); None when the pipeline never
-    committed to the table."""
+    cleanup removed every such commit, the copy of the commit the fence txn names (see
+    :mod:`.commit_copies`), else what the table's txn actions keep for ``partitions()``; None
+    when the pipeline never committed to the table. Txn actions are read with delta-rs:
+    delta-spark's Python API has no reader of them."""
     stored = newest_stored_paged(history_reader(table), pipeline_id)
-    if stored is not None or partitions is None or table_uri is None:
+    if stored is not None or table_uri is None:
         return stored
     from deltalake import DeltaTable
 
     txns = DeltaTable(table_uri)
+    seq = txns.transaction_version(fence_app_id(pipeline_id))
+    if seq is None:
+        return None
+    kept = copies.read(seq) if copies is not None else None
+    if kept is not None or partitions is None:
+        return kept
     return stored_from_transactions(txns.transaction_version, pipeline_id, partitions())
 
 
@@ -57,6 +71,7 @@ class DeltaSparkOffsetStore:
         self.spark = spark
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
+        self.copies = CommitCopies(spark, table_uri, pipeline_id)
 
     def read(
         self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
@@ -64,4 +79,9 @@ class DeltaSparkOffsetStore:
         table = delta_table(self.spark, self.table_uri)
         if table is None:
             return None
-        return newest_stored_in(table, self.pipeline_id, self.table_uri, partitions)
+        stored = newest_stored_in(table, self.pipeline_id, self.table_uri, partitions, self.copies)
+        if stored is not None:
+            # A crash between a commit and its copy left none: keep it now, while the log
+            # still holds the commit.
+            self.copies.ensure(stored)
+        return stored

@@ -26,9 +26,9 @@ batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurren
 same checkpoint that commits the batch first makes this one a replay too.
 
 Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
-per-partition offset txns the delta-rs sink writes, so a table written only by this sink
-keeps its offsets in ``userMetadata``, i.e. within ``delta.logRetentionDuration`` of the
-pipeline's last commit (README, "Delta log cleanup").
+per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
+the sink keeps a copy of the commit's record beside the table, named by its fence seq, which
+the offset store reads when the log no longer holds the commit (:mod:`.commit_copies`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ from ..engine import (
     check_contiguous,
     split_dead_letters_df,
 )
+from ..faults import crash_point
 from ..offsets import BatchCommit, Offsets, StoredOffsets, fence_app_id, partitions_of
+from .commit_copies import CommitCopies
 from .offset_store import delta_table, newest_stored_in
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ class DeltaSparkSink:
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
         self.mode = mode or WriteMode()
+        self.copies = CommitCopies(spark, table_uri, pipeline_id)
 
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark."""
@@ -123,7 +126,7 @@ class DeltaSparkSink:
         if table is None:
             return None
         names = partitions_of(commit.end_offsets, start or {})
-        return newest_stored_in(table, self.pipeline_id, self.table_uri, lambda: names)
+        return newest_stored_in(table, self.pipeline_id, self.table_uri, lambda: names, self.copies)
 
     @staticmethod
     def _is_replay(stored: StoredOffsets | None, commit: BatchCommit) -> bool:
@@ -188,6 +191,10 @@ class DeltaSparkSink:
             commit.batch_id,
             commit.seq,
         ):
+            assert after.delta_version is not None
+            # Only now, with the commit read back as this batch's, is the copy written.
+            crash_point("before_commit_copy")
+            self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
             return SinkResult(written=True, rows=count, delta_version=after.delta_version)
         if self._is_replay(after, commit):
             # A concurrent run of this checkpoint committed the same batch first.
