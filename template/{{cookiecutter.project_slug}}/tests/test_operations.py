@@ -263,3 +263,28 @@ def test_without_any_copy_or_offset_txn_a_cleaned_up_delta_spark_table_stops_and
     with pytest.raises(OffsetsExpiredError, match=r"commits/\d+\.json"):
         Pipeline(spark, cfg).run()
     assert DeltaTable(cfg.delta.table).version() == version
+
+
+def test_offset_txns_older_than_the_newest_commit_are_refused_after_log_cleanup(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """A table first written by the delta-rs sink (offset txns at commit 1), then by the
+    delta-spark sink (fence at commit 2, no offset txns), whose copy of commit 2 was lost to a
+    crash before log cleanup: the stale offset txns must not be taken for commit 2's offsets
+    (that would read its 50 records twice). The pipeline stops and writes nothing."""
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 100)
+    Pipeline(spark, make_config(topics, engine={"source": "embedded", "sink": "delta_rs"})).run()
+    produce_events(kafka_bootstrap, topics, 50, first_id=100)
+    cfg = make_config(topics, engine=engine)
+    Pipeline(spark, cfg).run()
+    shutil.rmtree(Path(cfg.delta.table) / "_kafka_delta")
+    _clean_up_the_log(cfg.delta.table)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(OffsetsExpiredError, match="older commit"):
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert_exactly_once(cfg, 150)

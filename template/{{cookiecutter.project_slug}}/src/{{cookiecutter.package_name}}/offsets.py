@@ -119,6 +119,13 @@ def partition_app_id(pipeline_id: str, topic: str, partition: int) -> str:
     return f"{pipeline_id}:offset:{topic}:{partition}"
 
 
+def offsets_seq_app_id(pipeline_id: str) -> str:
+    """The txn appId whose version is the ``seq`` of the commit that last wrote the partition
+    offset txns: they describe the newest commit only when it equals the fence's version (a
+    delta-spark commit advances the fence without writing them)."""
+    return f"{pipeline_id}:offsets-at"
+
+
 @dataclass(frozen=True)
 class BatchCommit:
     """What one micro-batch's Delta commit records besides its data."""
@@ -167,10 +174,12 @@ class BatchCommit:
     def transactions(self) -> list[tuple[str, int]]:
         """Every ``(appId, version)`` txn action of this commit on a sink that can write
         several (delta-rs): the checkpoint's batch (I2, I3), the fence (I6) and one per
-        partition's end offset (kept across log cleanup). See the module docstring."""
+        partition's end offset (kept across log cleanup), dated by ``offsets-at``. See the
+        module docstring."""
         return [
             (self.app_id, self.batch_id),
             (fence_app_id(self.pipeline_id), self.seq),
+            (offsets_seq_app_id(self.pipeline_id), self.seq),
             *(
                 (partition_app_id(self.pipeline_id, topic, p), offset)
                 for topic, parts in sorted(self.end_offsets.items())
@@ -265,6 +274,18 @@ def stored_from_transactions(
     seq = txn_version(fence_app_id(pipeline_id))
     if seq is None:
         return None
+    written_at = txn_version(offsets_seq_app_id(pipeline_id))
+    # Tables written before the offsets-at txn existed hold none: their offset txns were
+    # written by every commit (delta-rs sink alone) and are taken as they are.
+    if written_at is not None and written_at != seq:
+        raise OffsetsExpiredError(
+            f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
+            "txn), but Delta log cleanup removed that commit and no copy of it "
+            f"(_kafka_delta/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
+            f"table's offset txns are those of the older commit {written_at}, so resuming from "
+            "them would read records twice. Nothing was read or written. Set the offsets "
+            "explicitly (README, 'Delta log cleanup')."
+        )
     offsets: Offsets = {}
     for topic, parts in partitions.items():
         for p in parts:
@@ -275,7 +296,7 @@ def stored_from_transactions(
         raise OffsetsExpiredError(
             f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
             "txn), but Delta log cleanup removed that commit, and neither an offset txn for any "
-            f"of {sorted(partitions)} nor a copy of the commit ({'_kafka_delta/'}{pipeline_id}/"
+            f"of {sorted(partitions)} nor a copy of the commit (_kafka_delta/{pipeline_id}/"
             f"commits/{seq}.json beside the table) is left to say where it ended. Nothing was "
             "read or written. Set the offsets explicitly (README, 'Delta log cleanup'), and keep "
             "delta.logRetentionDuration above the pipeline's longest pause."
