@@ -78,6 +78,7 @@ def draw(batches: list[BatchProgress], output: Path) -> None:
         [i for i, v in zip(x, behind, strict=True) if v is not None],
         [v for v in behind if v is not None],
         marker="o",
+        linewidth=3,
         color="tab:red",
         label="behind latest (lag)",
     )
@@ -86,7 +87,9 @@ def draw(batches: list[BatchProgress], output: Path) -> None:
             [i for i, b in zip(x, batches, strict=True) if b.to_target is not None],
             [b.to_target for b in batches if b.to_target is not None],
             marker="s",
+            markersize=4,
             linestyle="--",
+            linewidth=1.5,
             color="tab:orange",
             label="to this run's target",
         )
@@ -101,7 +104,7 @@ def draw(batches: list[BatchProgress], output: Path) -> None:
         when = datetime.fromtimestamp(batches[start].finished_at - batches[start].duration_s)
         speed.annotate(
             f"run {when:%H:%M:%S}",
-            xy=(start - 0.45, 1.0),
+            xy=(start - 0.45, 0.98),
             xycoords=("data", "axes fraction"),
             va="top",
             fontsize=8,
