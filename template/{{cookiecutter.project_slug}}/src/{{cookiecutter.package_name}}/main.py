@@ -15,13 +15,18 @@ if not __package__:
     __package__ = Path(__file__).resolve().parent.name
 
 import argparse
+import importlib
 import logging
 import os
 import signal
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
+from .progress import ProgressListener
 
 log = logging.getLogger(__name__)
+
+# `<command> offsets ...`, `<command> report ...`: each module has main(argv) -> int.
+SUBCOMMANDS = {"offsets": "commands.offsets", "report": "commands.report"}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -102,7 +107,63 @@ def build_spark(config: PipelineConfig):
     return spark
 
 
+def build_listeners(config: PipelineConfig) -> list[ProgressListener]:
+    """What receives each batch's progress, as the config says. The metrics module (and
+    prometheus_client) is imported only when metrics are on. The metrics come first: a port
+    in use stops the run before anything is written."""
+    listeners: list[ProgressListener] = []
+    try:
+        metrics = config.metrics
+        if metrics.exporter != "none":
+            try:
+                from .metrics import MetricsError, PrometheusMetrics
+            except ImportError as exc:
+                raise ConfigError(
+                    f"metrics.exporter {metrics.exporter} needs the package prometheus-client, "
+                    f"which is not installed ({exc})"
+                ) from None
+            try:
+                listeners.append(
+                    PrometheusMetrics(
+                        config.pipeline_id,
+                        http_address=(metrics.host, metrics.port)
+                        if metrics.exporter == "http"
+                        else None,
+                        textfile=Path(metrics.textfile)
+                        if metrics.exporter == "textfile" and metrics.textfile
+                        else None,
+                    )
+                )
+            except MetricsError as exc:
+                raise ConfigError(str(exc)) from None
+        if config.progress.path:
+            from .progress_log import JsonLinesProgress
+
+            try:
+                listeners.append(JsonLinesProgress(Path(config.progress.path)))
+            except OSError as exc:
+                raise ConfigError(
+                    f"progress.path: cannot write {config.progress.path}: {exc.strerror or exc}"
+                ) from None
+    except ConfigError:
+        close_listeners(listeners)
+        raise
+    return listeners
+
+
+def close_listeners(listeners: list[ProgressListener]) -> None:
+    for listener in listeners:
+        try:
+            listener.close()
+        except Exception as exc:
+            log.warning("closing %s failed: %s", type(listener).__name__, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        command = importlib.import_module(f"{__package__}.{SUBCOMMANDS[argv[0]]}")
+        return int(command.main(argv[1:]))
     args = _parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -114,14 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Before Spark starts: a metrics port in use or a path not writable stops the run at once.
+    try:
+        listeners = build_listeners(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     from .engine import ConnectorMissingError
     from .pipeline import Pipeline
 
     spark = build_spark(config)
     try:
-        pipeline = Pipeline(spark, config)
+        pipeline = Pipeline(spark, config, listeners=listeners)
     except ConnectorMissingError as exc:
+        close_listeners(listeners)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -136,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
         return 1
+    finally:
+        close_listeners(listeners)
     stats = summary.commit_back
     log.info(
         "done: batches=%d replayed=%d rows=%d delta_version=%s commit_back_ok=%s "

@@ -16,7 +16,8 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -31,12 +32,13 @@ from .engine import (
     DeadLetterError,
     Engine,
     Sink,
+    SinkResult,
     build_engine,
     latest_per_key,
     unsent_dead_letters,
 )
 from .faults import crash_point
-from .kafka_admin import KafkaAdmin, total_lag
+from .kafka_admin import KafkaAdmin, lag
 from .offsets import (
     BatchCommit,
     Offsets,
@@ -46,6 +48,7 @@ from .offsets import (
     partitions_of,
     total_records,
 )
+from .progress import BatchProgress, ProgressListener
 from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
@@ -111,9 +114,11 @@ class Pipeline:
         *,
         exactly_once: bool = True,
         committer: OffsetCommitter | None = None,
+        listeners: Sequence[ProgressListener] = (),
     ) -> None:
         """``exactly_once=False`` turns off txn, stored offsets, fencing and commit-back; it
-        exists only so scripts/bench can measure what they cost."""
+        exists only so scripts/bench can measure what they cost. ``listeners`` receive each
+        batch's :class:`~.progress.BatchProgress` (metrics, the progress file)."""
         self.spark = spark
         self.config = config
         self.exactly_once = exactly_once
@@ -123,6 +128,10 @@ class Pipeline:
         self.admin = KafkaAdmin(config.kafka.client_config())
         self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
+        self.listeners = list(listeners)
+        # Tells this run's lines apart from other runs' in the progress file.
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self._run_records_read = 0
         self._target: Offsets | None = None
         # Offsets the table held when this run started: where batch 0 of a new checkpoint
         # must begin ({} = nothing stored yet).
@@ -234,9 +243,10 @@ class Pipeline:
             query_id = None
         return query_id or self.checkpoint.query_id() or ""
 
-    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:
+    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit the batch's dead letters, idempotently and before the main commit, so a
-        crash between the two never loses a bad record (a replay finds them committed)."""
+        crash between the two never loses a bad record (a replay finds them committed).
+        Returns how many this call sent."""
         if self.dead_letter_sink is None:
             first = dead.slice(0, 1).to_pylist()[0]
             raise DeadLetterError(
@@ -266,7 +276,7 @@ class Pipeline:
                 dead.num_rows,
                 table,
             )
-            return
+            return 0
         result = self.dead_letter_sink.commit_batch(dead_letter_records(df, unsent), commit)
         if result.written:
             log.warning(
@@ -280,6 +290,7 @@ class Pipeline:
                 "replayed batch %d: its dead letters are already in %s", commit.batch_id, table
             )
         crash_point("after_dead_letters")
+        return unsent.num_rows if result.written else 0
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
         """Where the batch really begins, as the checkpoint planned it: the previous batch's
@@ -365,6 +376,7 @@ class Pipeline:
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
             )
         batch = self.sink.materialize(out)
+        dead_sent = 0
         try:
             start = self._batch_start(batch_id, end) if self.exactly_once else None
             # Fencing first: a run that may not commit this batch writes no dead letters either.
@@ -372,7 +384,7 @@ class Pipeline:
             dead = batch.dead is not None
             replay = dead and self.exactly_once and self.sink.check(commit, start)
             if dead and not replay:
-                self._dead_letters(df, batch.dead, commit)
+                dead_sent = self._dead_letters(df, batch.dead, commit)
                 self.summary.dead_letters += batch.dead.num_rows
             crash_point("before_delta_commit")
             if self.exactly_once:
@@ -400,41 +412,103 @@ class Pipeline:
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
-        self._log_progress(
-            batch_id, result.rows, result.written, result.delta_version, end, elapsed, hook_ms
-        )
+        counted = result.rows + (batch.dead.num_rows if batch.dead is not None else 0)
+        records_read = self._records_read(start, end, result.written, counted)
+        progress = self._progress(batch_id, records_read, result, dead_sent, end, elapsed, hook_ms)
+        self._log_progress(progress)
+        for listener in self.listeners:
+            try:
+                listener.on_batch(progress)
+            except Exception as exc:  # monitoring must never fail a committed batch
+                log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
 
-    def _log_progress(
+    def _records_read(
+        self, start: Offsets | None, end: Offsets, written: bool, counted: int
+    ) -> int:
+        """The offsets the batch advanced the pipeline by: the records read (plus transaction
+        markers or compacted gaps between them). A replay re-reads records the table already
+        holds and counts none, so that across runs the records read add up to what was
+        committed. ``counted`` (the transform's rows and dead letters) stands in where the
+        batch's start is unknown."""
+        if not written:
+            return 0
+        if start is None:
+            return counted
+        missing = {t: [p for p in parts if p not in start.get(t, {})] for t, parts in end.items()}
+        missing = {t: parts for t, parts in missing.items() if parts}
+        if missing:
+            # A partition the pipeline has never read starts at its earliest offset, as the
+            # sources start it; with starting_offsets latest the first start is not recorded.
+            if not self._initial and self.config.kafka.starting_offsets == "latest":
+                return counted
+            try:
+                earliest = self.admin.watermarks(missing).earliest
+            except Exception as exc:  # progress reporting must never fail a committed batch
+                log.debug("records read of the batch: no earliest offsets (%s)", exc)
+                return counted
+            start = {t: {**start.get(t, {}), **earliest.get(t, {})} for t in end}
+        return total_records(start, end)
+
+    def _progress(
         self,
         batch_id: int,
-        rows: int,
-        written: bool,
-        delta_version: int | None,
+        records_read: int,
+        result: SinkResult,
+        dead_letters: int,
         end: Offsets,
         elapsed: float,
         hook_ms: float,
-    ) -> None:
+    ) -> BatchProgress:
+        """The batch's figures, built once: logged, then handed to the listeners."""
+        behind: Offsets | None = None
+        lag_error: str | None = None
         try:
-            latest = self.admin.latest({t: sorted(parts) for t, parts in end.items()})
-            behind: int | str = total_lag(latest, end)
+            behind = lag(self.admin.latest({t: sorted(parts) for t, parts in end.items()}), end)
         except Exception as exc:  # progress reporting must never fail a committed batch
-            behind = f"unknown ({exc})"
+            lag_error = str(exc)
         stats = self.committer.stats() if self.committer is not None else None
+        self._run_records_read += records_read
+        return BatchProgress(
+            pipeline_id=self.config.pipeline_id,
+            run_id=self.run_id,
+            batch_id=batch_id,
+            finished_at=time.time(),
+            duration_s=elapsed,
+            records_read=records_read,
+            rows_written=result.rows,
+            dead_letters=dead_letters,
+            replayed=not result.written,
+            delta_version=result.delta_version,
+            end_offsets=end,
+            lag=behind,
+            lag_error=lag_error,
+            to_target=None if self._target is None else total_records(end, self._target),
+            run_records_read=self._run_records_read,
+            commit_back_ok=stats.succeeded if stats else None,
+            commit_back_failed=stats.failed if stats else None,
+            hook_ms=hook_ms,
+        )
+
+    def _log_progress(self, p: BatchProgress) -> None:
+        behind = p.behind_latest if p.lag is not None else f"unknown ({p.lag_error})"
+        # Run until caught up: how far along this run is, as it goes.
         target = (
-            f" to_target={total_records(end, self._target)}" if self._target is not None else ""
+            f" to_target={p.to_target} done={100 * p.target_done:.0f}%"
+            if p.to_target is not None and p.target_done is not None
+            else ""
         )
         log.info(
             "batch=%d records=%d records_per_s=%.0f delta_version=%s behind_latest=%s%s "
             "commit_back_ok=%s commit_back_failed=%s hook_ms=%.2f",
-            batch_id,
-            rows,
-            rows / elapsed if elapsed > 0 else 0.0,
-            delta_version if written else "replayed",
+            p.batch_id,
+            p.rows_written,
+            p.rows_written / p.duration_s if p.duration_s > 0 else 0.0,
+            "replayed" if p.replayed else p.delta_version,
             behind,
             target,
-            stats.succeeded if stats else "off",
-            stats.failed if stats else "off",
-            hook_ms,
+            "off" if p.commit_back_ok is None else p.commit_back_ok,
+            "off" if p.commit_back_failed is None else p.commit_back_failed,
+            p.hook_ms,
         )
 
     # -- running ----------------------------------------------------------------------------
@@ -454,4 +528,9 @@ class Pipeline:
         finally:
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()
+            for listener in self.listeners:
+                try:
+                    listener.on_run_end(self.summary.commit_back)
+                except Exception as exc:
+                    log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
         return self.summary
