@@ -161,10 +161,15 @@ def print_table(results: Results) -> None:
 
 def _print_fits(results: Results) -> None:
     for partitions, fit in fits(results).items():
+        marginal = (
+            f"~{fit.marginal_rps:,.0f} records/s marginal"
+            if fit.us_per_record > 0
+            else "a slope that is not positive: the points are noise, not a cost"
+        )
         say(
             f"sweep fit, {partitions} partition{'s' if partitions > 1 else ''}: batch fixed cost "
-            f"{fit.fixed_s:.3f}s + {fit.us_per_record:.2f} us/record (~{fit.marginal_rps:,.0f} "
-            f"records/s marginal), least squares over {fit.points} points"
+            f"{fit.fixed_s:.3f}s + {fit.us_per_record:.2f} us/record ({marginal}), least "
+            f"squares over {fit.points} points"
         )
 
 
