@@ -368,7 +368,7 @@ class Bench:
     def _rss_row(self, point: dict[str, Any]) -> Row:
         a = self.args
         size = point["batch_size"]
-        r = Row(0, f"driver peak RSS, batch={size}", size * a.rss_batches, size)
+        r = Row(0, f"driver peak RSS batch={size}", size * a.rss_batches, size)
         r.partitions = a.partitions
         self._point_row(r, point)
         r.extra["driver_peak_mb"] = _round(point.get("driver_peak_mb"))
