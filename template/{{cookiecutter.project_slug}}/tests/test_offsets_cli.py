@@ -332,14 +332,28 @@ def test_a_lease_from_another_host_is_active_while_its_heartbeat_is_fresh() -> N
     assert not is_active(Lease("r", "p", "here", gone, None, "/c", None, now, now), host="here")
 
 
-def test_run_lease_is_written_with_a_heartbeat_and_removed(make_config, new_topics) -> None:
+def test_run_lease_heartbeats_and_leaves_nothing_behind(
+    make_config, new_topics, monkeypatch
+) -> None:
+    from {{ cookiecutter.package_name }} import run_lease
+
+    monkeypatch.setattr(run_lease, "HEARTBEAT_SECONDS", 0.1)
     cfg = make_config(new_topics(1, partitions=1))
     with RunLease.hold(cfg, lambda: "query-1") as lease:
         assert lease is not None
-        (held,) = read_leases(cfg.delta.table, cfg.pipeline_id)
-        assert (held.pid, held.checkpoint, held.query_id) == (os.getpid(), cfg.checkpoint, "query-1")
-        assert is_active(held)
+        (first,) = read_leases(cfg.delta.table, cfg.pipeline_id)
+        assert (first.pid, first.checkpoint) == (os.getpid(), cfg.checkpoint)
+        assert is_active(first)
+        time.sleep(0.5)
+        (later,) = read_leases(cfg.delta.table, cfg.pipeline_id)
+        assert later.heartbeat_ms > first.heartbeat_ms and later.query_id == "query-1"
     assert read_leases(cfg.delta.table, cfg.pipeline_id) == []
+    # A run that wrote no table leaves no folder; a table's own folder stays, lease-free.
+    assert not Path(cfg.delta.table).exists()
+    Path(cfg.delta.table).mkdir(parents=True)
+    with RunLease.hold(cfg):
+        pass
+    assert Path(cfg.delta.table).is_dir() and not any(Path(cfg.delta.table).iterdir())
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,10 @@ class RunLease:
         self, config: PipelineConfig, query_id: Callable[[], str | None] = lambda: None
     ) -> None:
         self._fs, self._folder = _runs_folder(config.delta.table, config.pipeline_id)
+        self._table = local_path(config.delta.table)
+        # A run that writes nothing (bad config, a bad record) must not leave a table folder
+        # behind: on release, the folders the lease created are removed again when empty.
+        self._created_table_folder = self._table is not None and not self._table.exists()
         pid = os.getpid()
         now = _now_ms()
         self.lease = Lease(
@@ -175,13 +179,13 @@ class RunLease:
     def _write(self) -> None:
         with self._lock:
             self.lease = replace(self.lease, query_id=self._query_id(), heartbeat_ms=_now_ms())
+            self._fs.create_dir(self._folder, recursive=True)  # a released run may prune it
             temporary = f"{self._folder}/.{self.lease.run_id}.tmp"
             with self._fs.open_output_stream(temporary) as stream:
                 stream.write(json.dumps(asdict(self.lease)).encode())
             self._fs.move(temporary, self.path)  # readers never see half a file
 
     def acquire(self) -> RunLease:
-        self._fs.create_dir(self._folder, recursive=True)
         self._write()
         self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
         self._thread.start()
@@ -204,6 +208,22 @@ class RunLease:
                 self._fs.delete_file(self.path)
             except (FileNotFoundError, OSError) as exc:
                 log.warning("cannot remove the run lease %s: %s", self.path, exc)
+            self._prune()
+
+    def _prune(self) -> None:
+        """Remove the lease's folders, and the table folder it created, while they are empty
+        (a local table; object stores have no folders to leave behind)."""
+        if self._table is None:
+            return
+        folders = [Path(self._folder), *Path(self._folder).parents]
+        stop = self._table.parent if self._created_table_folder else self._table
+        for folder in folders:
+            if folder == stop:
+                break
+            try:
+                folder.rmdir()  # only when empty: another run's lease stays
+            except OSError:
+                break
 
     @classmethod
     @contextmanager
