@@ -149,7 +149,8 @@ def test_show_and_verify_after_a_real_pipeline_run_on_either_sink(
     assert "120 rows; 2 dead letters" in text and "total lag: 0" in text
     for row in doc["partitions"]:
         (line,) = [
-            x.split() for x in text.splitlines()
+            x.split()
+            for x in text.splitlines()
             if x.split()[:2] == [row["topic"], str(row["partition"])]
         ]
         assert line[2] == str(row["stored_offset"]) and line[-1] == "0"
@@ -167,16 +168,32 @@ def test_console_script_dispatch_runs_offsets_show_and_keeps_the_run_options(
     cfg, topic = written
     env = dict(os.environ, PYTHONPATH=str(SRC))
     shown = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "offsets", "show", "--json",
-         "--config", _config_file(cfg, tmp_path)],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "offsets",
+            "show",
+            "--json",
+            "--config",
+            _config_file(cfg, tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["stored"]["offsets"] == {topic: {"0": 40, "1": 40}}
     # The run command's own options still parse (no subcommand name first).
     helped = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--help"],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
     )
     assert helped.returncode == 0 and "--trigger" in helped.stdout and "offsets" in helped.stdout
 
@@ -260,7 +277,7 @@ def test_reset_to_a_datetime_finds_the_first_record_at_or_after_it(
     produce_events(kafka_bootstrap, [topic], 10, first_id=10)
     cfg = make_config([topic])
     _sink_batches(cfg, [({}, {topic: {0: 4}})])
-    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(boundary))
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(boundary))
     assert status == 0, err
     # Records 0-9 were produced before the boundary, 10-19 after: the first after is offset 10.
     assert _newest(cfg).record.end_offsets == {topic: {0: 10}}
@@ -291,10 +308,8 @@ with RunLease.hold(cfg):
 """
 
 
-def test_reset_refuses_while_a_live_process_holds_the_run_lease(
-    written, tmp_path, capsys
-) -> None:
-    cfg, topic = written
+def test_reset_refuses_while_a_live_process_holds_the_run_lease(written, tmp_path, capsys) -> None:
+    cfg, _ = written
     conf = _config_file(cfg, tmp_path)
     code = _HOLDER.format(src=str(SRC), package="{{ cookiecutter.package_name }}", conf=conf)
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -326,8 +341,12 @@ def test_a_lease_from_another_host_is_active_while_its_heartbeat_is_fresh() -> N
     assert not is_active(lease, now_ms=now + int(STALE_AFTER_SECONDS * 1000) + 1, host="here")
     # On its own host the process decides, whatever the heartbeat says.
     assert is_active(Lease("r", "p", "here", os.getpid(), None, "/c", None, 0, 0), host="here")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     gone = int(dead.stdout)
     assert not is_active(Lease("r", "p", "here", gone, None, "/c", None, now, now), host="here")
 
@@ -410,6 +429,29 @@ def test_a_reset_and_a_pipeline_commit_racing_cannot_both_land(written) -> None:
     assert _newest(cfg).record.reset is None and _newest(cfg).record.batch_id == 2
 
 
+def test_a_run_the_lease_missed_cannot_commit_over_a_reset_and_is_told_why(written) -> None:
+    import argparse
+
+    from {{ cookiecutter.package_name }}.engine import FencingError
+
+    cfg, topic = written
+    table = DeltaTable(cfg.delta.table)
+    args = argparse.Namespace(
+        to_earliest=False,
+        to_latest=False,
+        to_datetime=None,
+        to_offsets=f"{topic}:0=10",
+        topic=None,
+    )
+    plan = plan_reset(cfg, args, table, KafkaAdmin(cfg.kafka.client_config()))
+    commit_reset(table, cfg, plan, reason="missed run")
+    # The running pipeline's next batch starts where its checkpoint ended (40, 40).
+    start = {topic: {0: 40, 1: 40}}
+    with pytest.raises(FencingError, match="An operator reset the table's offsets"):
+        _sink_batches(cfg, [(start, {topic: {0: 40, 1: 40}})], first_batch=2)
+    assert _newest(cfg).record.reset is not None
+
+
 def test_parse_when_reads_iso_and_epoch_ms_and_refuses_the_future() -> None:
     assert parse_when("1970-01-01T00:00:01Z") == 1000
     assert parse_when("1970-01-01T01:00:01+01:00") == 1000
@@ -435,7 +477,7 @@ def test_pipeline_refuses_a_checkpoint_older_than_a_reset_then_resumes_at_the_re
     assert f"mv {cfg.checkpoint} {cfg.checkpoint}.before-reset-" in out
     produce_events(kafka_bootstrap, [topic], 20, first_id=80)
 
-    with pytest.raises(CheckpointMismatchError, match="were reset at .* after checkpoint"):
+    with pytest.raises(CheckpointMismatchError, match=r"were reset at .* after checkpoint"):
         Pipeline(spark, cfg).run()
     Path(cfg.checkpoint).rename(f"{cfg.checkpoint}.before-reset")
     Pipeline(spark, cfg).run()
@@ -469,8 +511,14 @@ def test_verify_names_a_commit_whose_start_skips_offsets(
     # copy, or written by a broken job, is what verify is for.)
     sink = DeltaRsSink(cfg.delta.table, cfg.pipeline_id)
     app = f"{cfg.pipeline_id}.q"
-    sink.commit_batch(_rows(0, 20), BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 20}}).starting_at({topic: {0: 0}}))
-    sink.commit_batch(_rows(25, 15), BatchCommit(cfg.pipeline_id, app, 1, {topic: {0: 40}}).starting_at({topic: {0: 25}}))
+    sink.commit_batch(
+        _rows(0, 20),
+        BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 20}}).starting_at({topic: {0: 0}}),
+    )
+    sink.commit_batch(
+        _rows(25, 15),
+        BatchCommit(cfg.pipeline_id, app, 1, {topic: {0: 40}}).starting_at({topic: {0: 25}}),
+    )
     _push_group(cfg, {topic: {0: 40}})
     status, out, _ = _cli(cfg, tmp_path, capsys, "verify")
     assert status == 1
@@ -489,8 +537,14 @@ def test_verify_names_an_overlap_and_a_batch_committed_twice(
     cfg = make_config([topic])
     sink = DeltaRsSink(cfg.delta.table, cfg.pipeline_id)
     app = f"{cfg.pipeline_id}.q"
-    sink.commit_batch(_rows(0, 30), BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 30}}).starting_at({topic: {0: 0}}))
-    sink.commit_batch(_rows(20, 20), BatchCommit(cfg.pipeline_id, f"{app}2", 0, {topic: {0: 40}}).starting_at({topic: {0: 20}}))
+    sink.commit_batch(
+        _rows(0, 30),
+        BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 30}}).starting_at({topic: {0: 0}}),
+    )
+    sink.commit_batch(
+        _rows(20, 20),
+        BatchCommit(cfg.pipeline_id, f"{app}2", 0, {topic: {0: 40}}).starting_at({topic: {0: 20}}),
+    )
     _push_group(cfg, {topic: {0: 40}})
     status, out, _ = _cli(cfg, tmp_path, capsys, "verify", "--ids", "id")
     assert status == 1
