@@ -18,6 +18,7 @@ Checks, in order:
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -52,8 +53,22 @@ class Ranges:
     resets: int = 0
     without_start: int = 0
 
+    _merged: dict[TP, tuple[list[int], list[int]]] = field(default_factory=dict)
+
     def covers(self, tp: TP, offset: int) -> bool:
-        return any((lo is None or lo <= offset) and offset < hi for lo, hi in self.spans[tp])
+        """True when ``offset`` lies in a committed range of ``tp`` (a binary search over the
+        merged ranges: a dead-letter table may hold many rows, the log many commits)."""
+        if tp not in self._merged:
+            merged: list[list[int]] = []
+            for lo, hi in sorted(((-1 if lo is None else lo), hi) for lo, hi in self.spans[tp]):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            self._merged[tp] = ([m[0] for m in merged], [m[1] for m in merged])
+        los, his = self._merged[tp]
+        i = bisect.bisect_right(los, offset) - 1
+        return i >= 0 and offset < his[i]
 
 
 def _where(commit: PipelineCommit) -> str:
