@@ -31,6 +31,9 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
     assert Path(cfg.delta.table).is_absolute()
     assert Path(cfg.delta.table).is_relative_to(PROJECT)
     assert Path(cfg.checkpoint).is_relative_to(PROJECT)
+    # The dead-letter table too: a run (or `offsets show`) from another folder finds it.
+    assert cfg.dead_letter_table is not None
+    assert Path(cfg.dead_letter_table).is_relative_to(PROJECT)
 
 
 @pytest.mark.parametrize(

@@ -352,5 +352,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> P
         **{
             "delta.table": _resolve(cfg.delta.table, root),
             "checkpoint": _resolve(cfg.checkpoint, root),
+            # None (the default, <table>_dead_letters) is left as it is by with_overrides.
+            "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
         }
     )

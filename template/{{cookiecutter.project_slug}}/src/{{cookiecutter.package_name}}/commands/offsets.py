@@ -26,6 +26,7 @@ from ..offsets import OffsetsExpiredError, format_ms, offsets_to_json
 from .table_log import (
     CommandError,
     admin_for,
+    format_rows,
     kafka_partitions,
     open_existing,
     open_table,
@@ -245,13 +246,9 @@ def render_show(doc: dict[str, Any]) -> str:
     ]
     if doc["topics_missing_on_kafka"]:
         lines.append(f"topics not on Kafka: {', '.join(doc['topics_missing_on_kafka'])}")
-    table = [[h for h, _ in _COLUMNS]] + [
-        ["-" if r[k] is None else str(r[k]) for _, k in _COLUMNS] for r in doc["partitions"]
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
     lines.append("")
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    ]
+    lines += format_rows(
+        [h for h, _ in _COLUMNS], [[r[k] for _, k in _COLUMNS] for r in doc["partitions"]]
+    )
     lines.append(f"total lag: {doc['lag']}")
     return "\n".join(lines)

@@ -39,6 +39,7 @@ from ..run_lease import LeaseUnavailableError, active_leases
 from .table_log import (
     CommandError,
     admin_for,
+    format_rows,
     kafka_partitions,
     newest_commit,
     open_existing,
@@ -243,15 +244,15 @@ def _render(config: PipelineConfig, plan: Plan) -> str:
     lines = [
         f"reset of pipeline {config.pipeline_id} on {config.delta.table} to {plan.to} "
         f"(stored at {plan.stored.describe()}):",
-        "TOPIC  PARTITION  STORED  NEW  CHANGE",
     ]
+    rows = []
     for m in plan.moves:
-        delta = "new" if m.stored is None else f"{m.new - m.stored:+d}"
-        note = " (rewind: read again)" if m.rewind else " (skipped)" if m.new != m.stored else ""
-        lines.append(
-            f"{m.topic}  {m.partition}  {'-' if m.stored is None else m.stored}  {m.new}  "
-            f"{'0' if m.new == m.stored else delta}{note}"
+        change = (
+            "0" if m.new == m.stored else "new" if m.stored is None else f"{m.new - m.stored:+d}"
         )
+        note = "rewind: read again" if m.rewind else "skipped" if m.new != m.stored else ""
+        rows.append([m.topic, m.partition, m.stored, m.new, change, note])
+    lines += format_rows(["TOPIC", "PARTITION", "STORED", "NEW", "CHANGE", ""], rows)
     return "\n".join(lines)
 
 

@@ -135,5 +135,14 @@ def kafka_partitions(
     return found, missing
 
 
+def format_rows(header: list[str], rows: list[list[object]]) -> list[str]:
+    """Rows as aligned text columns (None shows as '-')."""
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+
+
 def admin_for(config: PipelineConfig) -> KafkaAdmin:
     return KafkaAdmin(config.kafka.client_config(), timeout_s=KAFKA_TIMEOUT_S)

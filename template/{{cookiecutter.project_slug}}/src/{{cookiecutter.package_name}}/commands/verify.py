@@ -223,7 +223,7 @@ def run_verify(config: PipelineConfig, ids: str | None = None) -> int:
     ranges = walk(commits)
     spans = sum(len(v) for v in ranges.spans.values())
     summary = (
-        f"{len(commits)} commits of the pipeline ({ranges.resets} resets), {spans} ranges over "
+        f"{len(commits)} commit(s) of the pipeline ({ranges.resets} reset(s)), {spans} ranges over "
         f"{len(ranges.spans)} partitions: no gap, no overlap"
     )
     if ranges.without_start:
