@@ -36,6 +36,9 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
     assert cfg.metrics.host == "127.0.0.1"
     assert cfg.progress.path and Path(cfg.progress.path).is_relative_to(PROJECT / "data")
     assert cfg.metrics.textfile and Path(cfg.metrics.textfile).is_relative_to(PROJECT / "data")
+    # The dead-letter table too: a run (or `offsets show`) from another folder finds it.
+    assert cfg.dead_letter_table is not None
+    assert Path(cfg.dead_letter_table).is_relative_to(PROJECT)
 
 
 @pytest.mark.parametrize(

@@ -385,5 +385,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> P
             "checkpoint": _resolve(cfg.checkpoint, root),
             "metrics.textfile": cfg.metrics.textfile and _resolve(cfg.metrics.textfile, root),
             "progress.path": cfg.progress.path and _resolve(cfg.progress.path, root),
+            # None (the default, <table>_dead_letters) is left as it is by with_overrides.
+            "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
         }
     )

@@ -91,6 +91,11 @@ class KafkaAdmin:
     def latest(self, partitions: Mapping[str, list[int]]) -> Offsets:
         return self._list_offsets(partitions, OffsetSpec.latest())
 
+    def for_timestamp(self, partitions: Mapping[str, list[int]], timestamp_ms: int) -> Offsets:
+        """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
+        -1 where no record is that recent."""
+        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
+
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
         """The group's committed offsets for these partitions (absent when never committed)."""
         request = [

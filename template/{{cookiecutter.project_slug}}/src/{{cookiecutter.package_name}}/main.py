@@ -25,15 +25,17 @@ from .progress import ProgressListener
 
 log = logging.getLogger(__name__)
 
-# `<command> offsets ...`, `<command> report ...`: each module has main(argv) -> int.
-SUBCOMMANDS = {"offsets": "commands.offsets", "report": "commands.report"}
+
+# Subcommands: `<script> offsets show`, ... Each module has `main(argv) -> int`; imported only
+# when asked for, so the run command never loads them.
+SUBCOMMANDS = {
+    "offsets": "commands.offsets",
+    "report": "commands.report",
+}
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=__package__,
-        description="Stream Kafka topics into a Delta table exactly once.",
-    )
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the config, shared by the run command and the subcommands."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--env", default="local", help="use conf/<ENV>.yaml (default: local)")
     where.add_argument("--config", type=Path, help="path of a YAML config file")
@@ -41,6 +43,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--consumer-group", help="override kafka.consumer_group")
     parser.add_argument("--table", help="override delta.table (path or URI)")
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=__package__,
+        description="Stream Kafka topics into a Delta table exactly once. Subcommands: "
+        + ", ".join(f"{name} (see `{name} --help`)" for name in SUBCOMMANDS),
+    )
+    add_config_options(parser)
     parser.add_argument(
         "--trigger",
         choices=["available-now", "processing-time"],
@@ -79,9 +90,10 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
             "kafka.consumer_group": args.consumer_group,
             "delta.table": _absolute(args.table),
             "checkpoint": _absolute(args.checkpoint),
-            "trigger.mode": args.trigger.replace("-", "_") if args.trigger else None,
-            "kafka.max_records_per_trigger": args.max_records_per_trigger,
-            "engine": args.engine,
+            # Run options; a subcommand's parser (add_config_options only) has none of them.
+            "trigger.mode": getattr(args, "trigger", None) and args.trigger.replace("-", "_"),
+            "kafka.max_records_per_trigger": getattr(args, "max_records_per_trigger", None),
+            "engine": getattr(args, "engine", None),
         }
     )
 
@@ -159,11 +171,21 @@ def close_listeners(listeners: list[ProgressListener]) -> None:
             log.warning("closing %s failed: %s", type(listener).__name__, exc)
 
 
+def _subcommand(name: str, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(f"{__package__}.{SUBCOMMANDS[name]}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.{SUBCOMMANDS[name]}":
+            raise
+        print(f"error: the {name!r} subcommand is not part of this build", file=sys.stderr)
+        return 2
+    return int(module.main(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:
-        command = importlib.import_module(f"{__package__}.{SUBCOMMANDS[argv[0]]}")
-        return int(command.main(argv[1:]))
+        return _subcommand(argv[0], argv[1:])
     args = _parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

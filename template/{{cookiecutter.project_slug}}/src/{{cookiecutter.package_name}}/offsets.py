@@ -48,6 +48,7 @@ seq, and reads the copy of the seq the fence txn names: see :mod:`.cluster.commi
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -140,6 +141,13 @@ class BatchCommit:
     # position (the topic was deleted and recreated) and the config allows skipping
     # (kafka.fail_on_data_loss: false). Recorded in the commit, for the audit trail.
     rewound: tuple[tuple[str, int], ...] = ()
+    # The batch's start offsets as the checkpoint planned them (absent in commits written
+    # before they were recorded): `offsets verify` checks each range begins where the previous
+    # one ended, so a gap or an overlap is found rather than assumed away.
+    start_offsets: Offsets | None = None
+    # Set on the commit an operator's `offsets reset` makes (no data): who, when, why, and
+    # what it moved; see commands/reset.py. A checkpoint older than it must not resume.
+    reset: Mapping[str, object] | None = None
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -152,6 +160,12 @@ class BatchCommit:
                     "seq": self.seq,
                     "offsets": offsets_to_json(self.end_offsets),
                     **({"rewound": [list(tp) for tp in self.rewound]} if self.rewound else {}),
+                    **(
+                        {"start": offsets_to_json(self.start_offsets)}
+                        if self.start_offsets is not None
+                        else {}
+                    ),
+                    **({"reset": dict(self.reset)} if self.reset is not None else {}),
                 }
             },
             separators=(",", ":"),
@@ -159,6 +173,10 @@ class BatchCommit:
 
     def with_seq(self, seq: int) -> BatchCommit:
         return replace(self, seq=seq)
+
+    def starting_at(self, start: Offsets | None) -> BatchCommit:
+        """This batch with its start offsets recorded (None: unknown, nothing recorded)."""
+        return replace(self, start_offsets=start)
 
     def on_top_of(self, stored: StoredOffsets | None) -> BatchCommit:
         """This batch as the sink commits it on top of ``stored``: the pipeline's next ``seq``,
@@ -205,11 +223,17 @@ class StoredOffsets:
     seq: int = 0
     expired: bool = False
     user_metadata: str | None = None
+    # The metadata of an operator's reset when the stored offsets come from one (None for a
+    # batch, or when read from txn actions after log cleanup).
+    reset: Mapping[str, object] | None = None
 
     def describe(self) -> str:
         if self.app_id is None:
             return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
-        where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
+        if self.reset is not None:
+            where = f"Delta version {self.delta_version} (a reset {describe_reset(self.reset)})"
+        else:
+            where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
         if self.expired:
             return f"{where}, from the copy of commit {self.seq} of the pipeline (log cleaned up)"
         return where
@@ -242,7 +266,23 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         # Commits written before the fence txn existed carry no seq: they count as 0.
         seq=int(body.get("seq", 0)),
         rewound=tuple((str(t), int(p)) for t, p in body.get("rewound", [])),
+        start_offsets=offsets_from_json(body["start"]) if "start" in body else None,
+        reset=body["reset"] if isinstance(body.get("reset"), dict) else None,
     )
+
+
+def format_ms(epoch_ms: int) -> str:
+    """An epoch time in ms as ``2025-01-01T10:00:00Z`` (UTC, to the second)."""
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_reset(reset: Mapping[str, object]) -> str:
+    """``by alice@host at 2025-01-01T10:00:00Z to earliest: reason`` for messages."""
+    at = reset.get("at_ms")
+    when = format_ms(at) if isinstance(at, int) else "?"
+    why = f": {reset['reason']}" if reset.get("reason") else ""
+    return f"by {reset.get('by', '?')} at {when} to {reset.get('to', '?')}{why}"
 
 
 def newest_stored(
@@ -259,6 +299,7 @@ def newest_stored(
                 batch_id=record.batch_id,
                 seq=record.seq,
                 user_metadata=str(commit.get("userMetadata")),
+                reset=record.reset,
             )
     return None
 

@@ -49,6 +49,7 @@ from .offsets import (
     total_records,
 )
 from .progress import BatchProgress, ProgressListener
+from .run_lease import RunLease
 from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
@@ -165,6 +166,7 @@ class Pipeline:
                 "table, or delete the checkpoint to re-read from "
                 f"{self.config.kafka.starting_offsets} offsets."
             )
+        self.checkpoint.refuse_if_older_than(stored, self.config.delta.table)
         return stored
 
     @property
@@ -379,6 +381,7 @@ class Pipeline:
         dead_sent = 0
         try:
             start = self._batch_start(batch_id, end) if self.exactly_once else None
+            commit = commit.starting_at(start)  # recorded for `offsets verify`
             # Fencing first: a run that may not commit this batch writes no dead letters either.
             # Without dead letters the main commit's own checks suffice: no second table read.
             dead = batch.dead is not None
@@ -518,6 +521,11 @@ class Pipeline:
         self._stop.set()
 
     def run(self) -> RunSummary:
+        # The run lease tells `offsets reset` (another process) that this pipeline is running.
+        with RunLease.hold(self.config, lambda: self._query.id if self._query else None):
+            return self._run()
+
+    def _run(self) -> RunSummary:
         query = self.start()
         try:
             while query.isActive and not self._stop.is_set():

@@ -70,7 +70,13 @@ def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
     if record is None or record.seq != seq:
         return None
     return StoredOffsets(
-        record.end_offsets, version, record.app_id, record.batch_id, record.seq, expired=True
+        record.end_offsets,
+        version,
+        record.app_id,
+        record.batch_id,
+        record.seq,
+        expired=True,
+        reset=record.reset,
     )
 
 
