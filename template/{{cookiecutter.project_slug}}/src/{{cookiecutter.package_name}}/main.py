@@ -17,7 +17,6 @@ if not __package__:
 import argparse
 import logging
 import os
-import signal
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
 
@@ -81,7 +80,10 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
     )
 
 
-def build_spark(config: PipelineConfig):
+def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
+    """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
+    logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
+    ``scripts/run_local.sh`` does for spark-submit."""
     # Spark's Python workers must run this interpreter, where the package is importable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf
@@ -92,6 +94,11 @@ def build_spark(config: PipelineConfig):
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
         builder = builder.master(config.spark.master)
+        if log4j_config is not None and log4j_config.is_file():
+            builder = builder.config(
+                "spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}",
+            )
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -115,27 +122,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    from .engine import ConnectorMissingError
-    from .pipeline import Pipeline
+    from .preflight import PreflightError, check
 
-    spark = build_spark(config)
     try:
-        pipeline = Pipeline(spark, config)
-    except ConnectorMissingError as exc:
+        check(config)  # before Spark starts: seconds, and one sentence when something is wrong
+    except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    def _graceful(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping after the current micro-batch", signum)
-        pipeline.request_stop()
+    from .engine import ConnectorMissingError
+    from .graceful_stop import StopSignals
+    from .pipeline import Pipeline
 
-    signal.signal(signal.SIGTERM, _graceful)
-    signal.signal(signal.SIGINT, _graceful)
-    try:
-        summary = pipeline.run()
-    except Exception as exc:
-        log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
-        return 1
+    pipelines: list[Pipeline] = []
+    stop_requested: list[bool] = []
+
+    def on_stop() -> None:
+        stop_requested.append(True)
+        for pipeline in pipelines:
+            pipeline.request_stop()
+
+    # From the start: a signal during the few seconds Spark takes to start also stops cleanly.
+    with StopSignals(on_stop) as signals:
+        spark = build_spark(config, _config_path(args).parent / "log4j2.properties")
+        signals.install()  # the SparkContext replaced the SIGINT handler with one of its own
+        signals.forward_from_jvm(spark)
+        try:
+            pipeline = Pipeline(spark, config)
+        except ConnectorMissingError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        pipelines.append(pipeline)
+        if stop_requested:
+            pipeline.request_stop()
+        try:
+            summary = pipeline.run()
+        except Exception as exc:
+            log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
+            return 1
     stats = summary.commit_back
     log.info(
         "done: batches=%d replayed=%d rows=%d delta_version=%s commit_back_ok=%s "

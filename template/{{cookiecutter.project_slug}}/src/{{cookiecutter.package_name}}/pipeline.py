@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -31,11 +30,13 @@ from .engine import (
     DeadLetterError,
     Engine,
     Sink,
+    SinkResult,
     build_engine,
     latest_per_key,
     unsent_dead_letters,
 )
 from .faults import crash_point
+from .graceful_stop import StopGate
 from .kafka_admin import KafkaAdmin, total_lag
 from .offsets import (
     BatchCommit,
@@ -86,6 +87,20 @@ def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
     )
 
 
+def records_read(observation: Observation) -> int | None:
+    """The Kafka records the batch read, counted by ``DataFrame.observe`` on the batch's input
+    while the sink's own job ran (no extra Spark job); None if that count never completed (a
+    transform that does not read its input)."""
+    future = getattr(getattr(observation, "_jo", None), "future", None)
+    try:
+        # Observation.get blocks until the count arrives; ask whether it has, first.
+        if future is not None and not future().isCompleted():
+            return None
+        return int(observation.get["records"])
+    except Exception:  # progress reporting must never fail a committed batch
+        return None
+
+
 @dataclass
 class RunSummary:
     batches: int = 0
@@ -129,7 +144,7 @@ class Pipeline:
         self._initial: Offsets = {}
         # The offsets stored as of the last batch of this run (at first, the table's).
         self._known: Offsets = {}
-        self._stop = threading.Event()
+        self._gate = StopGate()
         self._query: StreamingQuery | None = None
 
     # -- set-up -----------------------------------------------------------------------------
@@ -158,6 +173,36 @@ class Pipeline:
             )
         return stored
 
+    def _log_resume_point(self, stored: StoredOffsets | None) -> None:
+        """Say where this run starts: Spark resumes from its checkpoint once it planned a batch
+        there (the table's offsets are then only checked against every batch); a new checkpoint
+        starts from the offsets the table stores, or at ``starting_offsets`` without any."""
+        where = (
+            f"table {self.config.delta.table} stores offsets of pipeline "
+            f"{self.config.pipeline_id!r} at {stored.describe()}"
+            if stored is not None
+            else f"table {self.config.delta.table} holds no offsets of pipeline "
+            f"{self.config.pipeline_id!r}"
+        )
+        if self.checkpoint.has_plan():
+            log.info(
+                "resuming from checkpoint %s (Spark's offset log decides where); %s, checked "
+                "against every batch",
+                self.config.checkpoint,
+                where,
+            )
+        elif stored is not None:
+            log.info(
+                "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
+            )
+        else:
+            log.info(
+                "new checkpoint %s: starting at %s offsets; %s",
+                self.config.checkpoint,
+                self.config.kafka.starting_offsets,
+                where,
+            )
+
     @property
     def sink(self) -> Sink:
         return self.engine.sink
@@ -170,31 +215,7 @@ class Pipeline:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
-        resumed = self.checkpoint.has_progress()
-        if stored is None:
-            log.info(
-                "no offsets of pipeline %r in %s; the new checkpoint starts at %s offsets",
-                self.config.pipeline_id,
-                self.config.delta.table,
-                self.config.kafka.starting_offsets,
-            )
-        elif resumed:
-            log.info(
-                "resuming from checkpoint %s; table %s holds offsets of pipeline %r at %s, "
-                "checked against every batch",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
-        else:
-            log.info(
-                "new checkpoint %s resumes from the offsets table %s holds for pipeline %r at %s",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
+        self._log_resume_point(stored)
         if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
@@ -211,7 +232,7 @@ class Pipeline:
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
-            .foreachBatch(self._process_batch)
+            .foreachBatch(self._gated_batch)
         )
         if self.config.trigger.mode == "available_now":
             self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
@@ -234,9 +255,10 @@ class Pipeline:
             query_id = None
         return query_id or self.checkpoint.query_id() or ""
 
-    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:
+    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit the batch's dead letters, idempotently and before the main commit, so a
-        crash between the two never loses a bad record (a replay finds them committed)."""
+        crash between the two never loses a bad record (a replay finds them committed).
+        Returns how many this call sent (0 when an earlier run already had)."""
         if self.dead_letter_sink is None:
             first = dead.slice(0, 1).to_pylist()[0]
             raise DeadLetterError(
@@ -266,7 +288,7 @@ class Pipeline:
                 dead.num_rows,
                 table,
             )
-            return
+            return 0
         result = self.dead_letter_sink.commit_batch(dead_letter_records(df, unsent), commit)
         if result.written:
             log.warning(
@@ -277,9 +299,12 @@ class Pipeline:
             )
         else:
             log.info(
-                "replayed batch %d: its dead letters are already in %s", commit.batch_id, table
+                "replayed batch %d: its dead letters are already in %s: nothing sent",
+                commit.batch_id,
+                table,
             )
         crash_point("after_dead_letters")
+        return unsent.num_rows if result.written else 0
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
         """Where the batch really begins, as the checkpoint planned it: the previous batch's
@@ -346,6 +371,17 @@ class Pipeline:
             )
         return rewound
 
+    def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
+        """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
+        stopped if a stop was requested (see :mod:`.graceful_stop`)."""
+        self._gate.enter()
+        succeeded = False
+        try:
+            self._process_batch(df, batch_id)
+            succeeded = True
+        finally:
+            self._gate.leave(batch_id, succeeded=succeeded)
+
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         end = self.checkpoint.end_offsets(batch_id)
@@ -359,7 +395,8 @@ class Pipeline:
             end_offsets=end,
             rewound=self._rewound(end) if self.exactly_once else (),
         )
-        out = self.transform(df)
+        observation = Observation()
+        out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
         if self.config.delta.mode == "upsert":
             out = out.transform(
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
@@ -371,9 +408,10 @@ class Pipeline:
             # Without dead letters the main commit's own checks suffice: no second table read.
             dead = batch.dead is not None
             replay = dead and self.exactly_once and self.sink.check(commit, start)
+            dead_sent = 0
             if dead and not replay:
-                self._dead_letters(df, batch.dead, commit)
-                self.summary.dead_letters += batch.dead.num_rows
+                dead_sent = self._dead_letters(df, batch.dead, commit)
+                self.summary.dead_letters += dead_sent
             crash_point("before_delta_commit")
             if self.exactly_once:
                 result = self.sink.commit_batch(batch.rows, commit, start=start)
@@ -401,15 +439,15 @@ class Pipeline:
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
         self._log_progress(
-            batch_id, result.rows, result.written, result.delta_version, end, elapsed, hook_ms
+            batch_id, records_read(observation), result, dead_sent, end, elapsed, hook_ms
         )
 
     def _log_progress(
         self,
         batch_id: int,
-        rows: int,
-        written: bool,
-        delta_version: int | None,
+        read: int | None,
+        result: SinkResult,
+        dead_sent: int,
         end: Offsets,
         elapsed: float,
         hook_ms: float,
@@ -423,17 +461,35 @@ class Pipeline:
         target = (
             f" to_target={total_records(end, self._target)}" if self._target is not None else ""
         )
+        back = (
+            f"commit_back_ok={stats.succeeded if stats else 'off'} "
+            f"commit_back_failed={stats.failed if stats else 'off'}"
+        )
+        if not result.written:
+            # I2: the batch is already in the table (a restart after the Delta commit and
+            # before Spark's); its dead letters were committed before it, or not needed.
+            log.info(
+                "replayed batch %d: nothing written (already in the table) records_read=%s "
+                "behind_latest=%s%s %s",
+                batch_id,
+                "unknown" if read is None else read,
+                behind,
+                target,
+                back,
+            )
+            return
         log.info(
-            "batch=%d records=%d records_per_s=%.0f delta_version=%s behind_latest=%s%s "
-            "commit_back_ok=%s commit_back_failed=%s hook_ms=%.2f",
+            "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f",
             batch_id,
-            rows,
-            rows / elapsed if elapsed > 0 else 0.0,
-            delta_version if written else "replayed",
+            "unknown" if read is None else read,
+            result.rows,
+            dead_sent,
+            (result.rows + dead_sent if read is None else read) / elapsed if elapsed > 0 else 0.0,
+            result.delta_version,
             behind,
             target,
-            stats.succeeded if stats else "off",
-            stats.failed if stats else "off",
+            back,
             hook_ms,
         )
 
@@ -441,16 +497,26 @@ class Pipeline:
 
     def request_stop(self) -> None:
         """Stop after the current micro-batch (safe from a signal handler)."""
-        self._stop.set()
+        self._gate.request()
 
     def run(self) -> RunSummary:
+        if self._gate.requested:
+            log.info("stop requested before the query started: nothing to do")
+            return self.summary
         query = self.start()
         try:
-            while query.isActive and not self._stop.is_set():
-                query.awaitTermination(0.5)
-            if query.isActive:
-                query.stop()
-            query.awaitTermination()  # re-raises the query's failure, if any
+            while query.isActive:
+                if self._gate.requested and self._gate.stop_when_safe(query):
+                    break
+                # Once stopping, look often: the gap between Spark recording a batch and
+                # planning the next one is where the stop belongs.
+                query.awaitTermination(0.005 if self._gate.requested else 0.5)
+            try:
+                query.awaitTermination()  # re-raises the query's failure, if any
+            except Exception as exc:
+                if not self._gate.stopped_by_gate(exc):
+                    raise
+                log.info("a batch planned while stopping was left for the next run")
         finally:
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()
