@@ -28,11 +28,10 @@ from deltalake import DeltaTable
 from {{ cookiecutter.package_name }}.config import PipelineConfig, load_config
 from {{ cookiecutter.package_name }}.devtools.produce import produce_events
 from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetStore
+from {{ cookiecutter.package_name }}.graceful_stop import StopGate, StopInProgress, StopSignals
 from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin
 from {{ cookiecutter.package_name }}.pipeline import Pipeline
 from support import assert_exactly_once, assert_offsets_agree
-
-pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -172,6 +171,8 @@ def _assert_committed_batches_exactly_once(config: PipelineConfig, last_batch: i
     assert (Path(config.checkpoint) / "commits" / str(last_batch)).is_file()
 
 
+@pytest.mark.spark
+@pytest.mark.broker
 @pytest.mark.parametrize(
     ("launcher", "target", "signum"),
     [
@@ -218,6 +219,8 @@ def test_a_signal_during_a_batch_finishes_it_stops_and_exits_0(
     _assert_committed_batches_exactly_once(load_config(config_path), last_batch=1)
 
 
+@pytest.mark.spark
+@pytest.mark.broker
 def test_a_second_signal_stops_at_once_and_the_next_run_loses_and_duplicates_nothing(
     spark, kafka_bootstrap, new_topics, tmp_path: Path
 ) -> None:
@@ -249,3 +252,51 @@ def test_a_second_signal_stops_at_once_and_the_next_run_loses_and_duplicates_not
     Pipeline(spark, config).run()
     assert_exactly_once(config, RECORDS)
     assert_offsets_agree(config)
+
+
+# -- the decisions alone ----------------------------------------------------------------------
+
+
+class _Query:
+    """Stands in for a StreamingQuery: what StopGate reads of it, and whether it was stopped."""
+
+    def __init__(self) -> None:
+        self.lastProgress: dict[str, int] | None = None
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_the_query_is_stopped_only_between_batches_once_spark_recorded_the_last_one() -> None:
+    gate, query = StopGate(), _Query()
+    gate.enter()
+    gate.request()
+    assert not gate.stop_when_safe(query)  # the batch in progress runs to its end
+    gate.leave(4, succeeded=True)
+    query.lastProgress = {"batchId": 3}
+    assert not gate.stop_when_safe(query)  # Spark is still writing batch 4's commit log
+    query.lastProgress = {"batchId": 4}
+    assert gate.stop_when_safe(query) and query.stopped == 1
+    assert gate.stop_when_safe(query) and query.stopped == 1  # once
+
+    # A batch Spark planned in the instant before stop() took effect writes nothing.
+    with pytest.raises(StopInProgress) as refused:
+        gate.enter()
+    assert StopGate.stopped_by_gate(refused.value)
+
+
+def test_with_no_batch_finished_the_query_stops_at_once() -> None:
+    gate, query = StopGate(), _Query()
+    gate.request()
+    assert gate.stop_when_safe(query) and query.stopped == 1
+
+
+def test_a_signal_that_reaches_the_driver_and_the_jvm_counts_once() -> None:
+    stops: list[int] = []
+    with StopSignals(lambda: stops.append(1)) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)  # a process-group signal reaches the driver...
+        signals._jvm_handler(signal.SIGTERM)  # ...and the JVM, which forwards it
+        time.sleep(0.1)
+    assert stops == [1]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
