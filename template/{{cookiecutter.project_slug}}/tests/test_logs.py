@@ -119,6 +119,7 @@ MIXED_CLIENT_SETTINGS = {
 }
 
 
+@pytest.mark.broker
 def test_each_client_gets_only_its_own_settings_and_prints_no_confwarn(
     kafka_bootstrap: str,
     new_topics,

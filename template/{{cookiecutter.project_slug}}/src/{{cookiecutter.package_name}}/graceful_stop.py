@@ -10,9 +10,11 @@ it: the batch is not recorded in the checkpoint's commit log and the next run re
 :class:`StopGate` calls ``stop()`` only once no batch is in the batch function and the last batch
 it finished is recorded by Spark (reported in ``lastProgress``, which Spark updates right after
 writing its commit log). The stream thread is then waiting for its next trigger or planning the
-next batch, and interrupting either is clean: Spark logs nothing and a planned batch runs on the
-next start. A batch that enters the batch function first is the batch in progress: it runs to
-its end, and the stop follows it.
+next batch, and interrupting either is clean: a planned batch runs on the next start (Spark's
+offset-log entries are written to a temporary file and renamed, so an interrupted one is whole or
+absent; the warning Hadoop logs when it is interrupted is filtered in conf/log4j2.properties).
+A batch that enters the batch function first is the batch in progress: it runs to its end, and
+the stop follows it.
 
 Signals reach more than the driver. Ctrl-C goes to the terminal's whole foreground process
 group, ``docker stop``/systemd/Kubernetes send SIGTERM to the process they started (systemd's

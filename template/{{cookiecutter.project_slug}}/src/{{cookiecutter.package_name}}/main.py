@@ -20,7 +20,8 @@ import os
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
 
-log = logging.getLogger(__name__)
+# spark-submit runs this file as __main__: name the logger after the module all the same.
+log = logging.getLogger(f"{__package__}.main" if __name__ == "__main__" else __name__)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
