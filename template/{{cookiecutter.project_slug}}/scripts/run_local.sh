@@ -22,8 +22,15 @@ case " $* " in
 esac
 SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
 [ -x "$SPARK_SUBMIT" ] || SPARK_SUBMIT=spark-submit
+# Spark's launcher always adds the JDK module jdk.incubator.vector, and the JDK then prints
+# "WARNING: Using incubator modules: jdk.incubator.vector" at every start, with no switch to
+# silence it: that one line is dropped from stderr. The filter ignores SIGINT and SIGTERM (Ctrl-C
+# reaches the whole process group) so that it passes on the run's last lines; it ends with them.
+# spark-submit is exec'd: `kill <pid>` of this script reaches Spark's JVM, which hands the
+# signal to the Python driver (a clean stop after the current micro-batch).
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "${SPARK_MASTER:-local[2]}" ${SPARK_SUBMIT_EXTRA:-} \
   --conf spark.ui.showConsoleProgress=false \
   --driver-java-options "-Dlog4j2.configurationFile=file:$PWD/conf/log4j2.properties" \
-  src/{{ cookiecutter.package_name }}/main.py "${ARGS[@]}"
+  src/{{ cookiecutter.package_name }}/main.py "${ARGS[@]}" \
+  2> >(trap '' INT TERM; exec grep --line-buffered -v '^WARNING: Using incubator modules: jdk\.incubator\.vector$' >&2)

@@ -18,12 +18,12 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
 from .progress import ProgressListener
 
-log = logging.getLogger(__name__)
+# spark-submit runs this file as __main__: name the logger after the module all the same.
+log = logging.getLogger(f"{__package__}.main" if __name__ == "__main__" else __name__)
 
 
 # Subcommands: `<script> offsets show`, ... Each module has `main(argv) -> int`; imported only
@@ -98,7 +98,10 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
     )
 
 
-def build_spark(config: PipelineConfig):
+def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
+    """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
+    logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
+    ``scripts/run_local.sh`` does for spark-submit."""
     # Spark's Python workers must run this interpreter, where the package is importable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf
@@ -109,6 +112,11 @@ def build_spark(config: PipelineConfig):
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
         builder = builder.master(config.spark.master)
+        if log4j_config is not None and log4j_config.is_file():
+            builder = builder.config(
+                "spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}",
+            )
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -197,6 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from .preflight import PreflightError, check
+
+    try:
+        check(config)  # before Spark starts: seconds, and one sentence when something is wrong
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     # Before Spark starts: a metrics port in use or a path not writable stops the run at once.
     try:
         listeners = build_listeners(config)
@@ -205,27 +221,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from .engine import ConnectorMissingError
+    from .graceful_stop import StopSignals
     from .pipeline import Pipeline
 
-    spark = build_spark(config)
-    try:
-        pipeline = Pipeline(spark, config, listeners=listeners)
-    except ConnectorMissingError as exc:
-        close_listeners(listeners)
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    pipelines: list[Pipeline] = []
+    stop_requested: list[bool] = []
 
-    def _graceful(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping after the current micro-batch", signum)
-        pipeline.request_stop()
+    def on_stop() -> None:
+        stop_requested.append(True)
+        for pipeline in pipelines:
+            pipeline.request_stop()
 
-    signal.signal(signal.SIGTERM, _graceful)
-    signal.signal(signal.SIGINT, _graceful)
+    # From the start: a signal during the few seconds Spark takes to start also stops cleanly.
     try:
-        summary = pipeline.run()
-    except Exception as exc:
-        log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
-        return 1
+        with StopSignals(on_stop) as signals:
+            spark = build_spark(config, _config_path(args).parent / "log4j2.properties")
+            signals.install()  # the SparkContext replaced the SIGINT handler with one of its own
+            signals.forward_from_jvm(spark)
+            try:
+                pipeline = Pipeline(spark, config, listeners=listeners)
+            except ConnectorMissingError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            pipelines.append(pipeline)
+            if stop_requested:
+                pipeline.request_stop()
+            try:
+                summary = pipeline.run()
+            except Exception as exc:
+                log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
+                return 1
     finally:
         close_listeners(listeners)
     stats = summary.commit_back

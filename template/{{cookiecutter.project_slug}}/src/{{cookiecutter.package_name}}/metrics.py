@@ -66,7 +66,7 @@ class PrometheusMetrics:
             return Gauge(f"{PREFIX}_{name}", doc, [*labels, *extra], registry=self.registry)
 
         self.records_read = counter(
-            "records_read", "Kafka offsets the pipeline's batches advanced (records read)"
+            "records_read", "Kafka records the pipeline's batches read (replays included)"
         )
         self.rows_written = counter("rows_written", "Rows the Delta commits added")
         self.dead_letters = counter(
@@ -145,7 +145,7 @@ class PrometheusMetrics:
 
     def on_batch(self, progress: BatchProgress) -> None:
         pipeline = self.pipeline_id
-        self.records_read.labels(pipeline).inc(progress.records_read)
+        self.records_read.labels(pipeline).inc(progress.records_read or 0)
         self.rows_written.labels(pipeline).inc(progress.rows_written)
         self.dead_letters.labels(pipeline).inc(progress.dead_letters)
         self.batches.labels(pipeline).inc()

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -38,6 +37,7 @@ from .engine import (
     unsent_dead_letters,
 )
 from .faults import crash_point
+from .graceful_stop import StopGate
 from .kafka_admin import KafkaAdmin, lag
 from .offsets import (
     BatchCommit,
@@ -90,6 +90,20 @@ def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
     )
 
 
+def records_read(observation: Observation) -> int | None:
+    """The Kafka records the batch read, counted by ``DataFrame.observe`` on the batch's input
+    while the sink's own job ran (no extra Spark job); None if that count never completed (a
+    transform that does not read its input)."""
+    future = getattr(getattr(observation, "_jo", None), "future", None)
+    try:
+        # Observation.get blocks until the count arrives; ask whether it has, first.
+        if future is not None and not future().isCompleted():
+            return None
+        return int(observation.get["records"])
+    except Exception:  # progress reporting must never fail a committed batch
+        return None
+
+
 @dataclass
 class RunSummary:
     batches: int = 0
@@ -139,7 +153,7 @@ class Pipeline:
         self._initial: Offsets = {}
         # The offsets stored as of the last batch of this run (at first, the table's).
         self._known: Offsets = {}
-        self._stop = threading.Event()
+        self._gate = StopGate()
         self._query: StreamingQuery | None = None
 
     # -- set-up -----------------------------------------------------------------------------
@@ -169,6 +183,36 @@ class Pipeline:
         self.checkpoint.refuse_if_older_than(stored, self.config.delta.table)
         return stored
 
+    def _log_resume_point(self, stored: StoredOffsets | None) -> None:
+        """Say where this run starts: Spark resumes from its checkpoint once it planned a batch
+        there (the table's offsets are then only checked against every batch); a new checkpoint
+        starts from the offsets the table stores, or at ``starting_offsets`` without any."""
+        where = (
+            f"table {self.config.delta.table} stores offsets of pipeline "
+            f"{self.config.pipeline_id!r} at {stored.describe()}"
+            if stored is not None
+            else f"table {self.config.delta.table} holds no offsets of pipeline "
+            f"{self.config.pipeline_id!r}"
+        )
+        if self.checkpoint.has_plan():
+            log.info(
+                "resuming from checkpoint %s (Spark's offset log decides where); %s, checked "
+                "against every batch",
+                self.config.checkpoint,
+                where,
+            )
+        elif stored is not None:
+            log.info(
+                "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
+            )
+        else:
+            log.info(
+                "new checkpoint %s: starting at %s offsets; %s",
+                self.config.checkpoint,
+                self.config.kafka.starting_offsets,
+                where,
+            )
+
     @property
     def sink(self) -> Sink:
         return self.engine.sink
@@ -181,31 +225,7 @@ class Pipeline:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
-        resumed = self.checkpoint.has_progress()
-        if stored is None:
-            log.info(
-                "no offsets of pipeline %r in %s; the new checkpoint starts at %s offsets",
-                self.config.pipeline_id,
-                self.config.delta.table,
-                self.config.kafka.starting_offsets,
-            )
-        elif resumed:
-            log.info(
-                "resuming from checkpoint %s; table %s holds offsets of pipeline %r at %s, "
-                "checked against every batch",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
-        else:
-            log.info(
-                "new checkpoint %s resumes from the offsets table %s holds for pipeline %r at %s",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
+        self._log_resume_point(stored)
         if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
@@ -222,7 +242,7 @@ class Pipeline:
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
-            .foreachBatch(self._process_batch)
+            .foreachBatch(self._gated_batch)
         )
         if self.config.trigger.mode == "available_now":
             self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
@@ -248,7 +268,7 @@ class Pipeline:
     def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit the batch's dead letters, idempotently and before the main commit, so a
         crash between the two never loses a bad record (a replay finds them committed).
-        Returns how many this call sent."""
+        Returns how many this call sent (0 when an earlier run already had)."""
         if self.dead_letter_sink is None:
             first = dead.slice(0, 1).to_pylist()[0]
             raise DeadLetterError(
@@ -289,7 +309,9 @@ class Pipeline:
             )
         else:
             log.info(
-                "replayed batch %d: its dead letters are already in %s", commit.batch_id, table
+                "replayed batch %d: its dead letters are already in %s: nothing sent",
+                commit.batch_id,
+                table,
             )
         crash_point("after_dead_letters")
         return unsent.num_rows if result.written else 0
@@ -359,6 +381,17 @@ class Pipeline:
             )
         return rewound
 
+    def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
+        """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
+        stopped if a stop was requested (see :mod:`.graceful_stop`)."""
+        self._gate.enter()
+        succeeded = False
+        try:
+            self._process_batch(df, batch_id)
+            succeeded = True
+        finally:
+            self._gate.leave(batch_id, succeeded=succeeded)
+
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         end = self.checkpoint.end_offsets(batch_id)
@@ -372,7 +405,8 @@ class Pipeline:
             end_offsets=end,
             rewound=self._rewound(end) if self.exactly_once else (),
         )
-        out = self.transform(df)
+        observation = Observation()
+        out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
         if self.config.delta.mode == "upsert":
             out = out.transform(
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
@@ -386,9 +420,10 @@ class Pipeline:
             # Without dead letters the main commit's own checks suffice: no second table read.
             dead = batch.dead is not None
             replay = dead and self.exactly_once and self.sink.check(commit, start)
+            dead_sent = 0
             if dead and not replay:
                 dead_sent = self._dead_letters(df, batch.dead, commit)
-                self.summary.dead_letters += batch.dead.num_rows
+                self.summary.dead_letters += dead_sent
             crash_point("before_delta_commit")
             if self.exactly_once:
                 result = self.sink.commit_batch(batch.rows, commit, start=start)
@@ -415,9 +450,9 @@ class Pipeline:
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
-        counted = result.rows + (batch.dead.num_rows if batch.dead is not None else 0)
-        records_read = self._records_read(start, end, result.written, counted)
-        progress = self._progress(batch_id, records_read, result, dead_sent, end, elapsed, hook_ms)
+        progress = self._progress(
+            batch_id, records_read(observation), result, dead_sent, end, elapsed, hook_ms
+        )
         self._log_progress(progress)
         for listener in self.listeners:
             try:
@@ -425,37 +460,10 @@ class Pipeline:
             except Exception as exc:  # monitoring must never fail a committed batch
                 log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
 
-    def _records_read(
-        self, start: Offsets | None, end: Offsets, written: bool, counted: int
-    ) -> int:
-        """The offsets the batch advanced the pipeline by: the records read (plus transaction
-        markers or compacted gaps between them). A replay re-reads records the table already
-        holds and counts none, so that across runs the records read add up to what was
-        committed. ``counted`` (the transform's rows and dead letters) stands in where the
-        batch's start is unknown."""
-        if not written:
-            return 0
-        if start is None:
-            return counted
-        missing = {t: [p for p in parts if p not in start.get(t, {})] for t, parts in end.items()}
-        missing = {t: parts for t, parts in missing.items() if parts}
-        if missing:
-            # A partition the pipeline has never read starts at its earliest offset, as the
-            # sources start it; with starting_offsets latest the first start is not recorded.
-            if not self._initial and self.config.kafka.starting_offsets == "latest":
-                return counted
-            try:
-                earliest = self.admin.watermarks(missing).earliest
-            except Exception as exc:  # progress reporting must never fail a committed batch
-                log.debug("records read of the batch: no earliest offsets (%s)", exc)
-                return counted
-            start = {t: {**start.get(t, {}), **earliest.get(t, {})} for t in end}
-        return total_records(start, end)
-
     def _progress(
         self,
         batch_id: int,
-        records_read: int,
+        records_read: int | None,
         result: SinkResult,
         dead_letters: int,
         end: Offsets,
@@ -470,7 +478,7 @@ class Pipeline:
         except Exception as exc:  # progress reporting must never fail a committed batch
             lag_error = str(exc)
         stats = self.committer.stats() if self.committer is not None else None
-        self._run_records_read += records_read
+        self._run_records_read += records_read or 0
         return BatchProgress(
             pipeline_id=self.config.pipeline_id,
             run_id=self.run_id,
@@ -494,23 +502,42 @@ class Pipeline:
 
     def _log_progress(self, p: BatchProgress) -> None:
         behind = p.behind_latest if p.lag is not None else f"unknown ({p.lag_error})"
+        read = "unknown" if p.records_read is None else p.records_read
         # Run until caught up: how far along this run is, as it goes.
         target = (
             f" to_target={p.to_target} done={100 * p.target_done:.0f}%"
             if p.to_target is not None and p.target_done is not None
             else ""
         )
+        back = (
+            f"commit_back_ok={'off' if p.commit_back_ok is None else p.commit_back_ok} "
+            f"commit_back_failed={'off' if p.commit_back_failed is None else p.commit_back_failed}"
+        )
+        if p.replayed:
+            # I2: the batch is already in the table (a restart after the Delta commit and
+            # before Spark's); its dead letters were committed before it, or not needed.
+            log.info(
+                "replayed batch %d: nothing written (already in the table) records_read=%s "
+                "behind_latest=%s%s %s",
+                p.batch_id,
+                read,
+                behind,
+                target,
+                back,
+            )
+            return
         log.info(
-            "batch=%d records=%d records_per_s=%.0f delta_version=%s behind_latest=%s%s "
-            "commit_back_ok=%s commit_back_failed=%s hook_ms=%.2f",
+            "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f",
             p.batch_id,
+            read,
             p.rows_written,
-            p.rows_written / p.duration_s if p.duration_s > 0 else 0.0,
-            "replayed" if p.replayed else p.delta_version,
+            p.dead_letters,
+            p.records_per_s,
+            p.delta_version,
             behind,
             target,
-            "off" if p.commit_back_ok is None else p.commit_back_ok,
-            "off" if p.commit_back_failed is None else p.commit_back_failed,
+            back,
             p.hook_ms,
         )
 
@@ -518,7 +545,7 @@ class Pipeline:
 
     def request_stop(self) -> None:
         """Stop after the current micro-batch (safe from a signal handler)."""
-        self._stop.set()
+        self._gate.request()
 
     def run(self) -> RunSummary:
         # The run lease tells `offsets reset` (another process) that this pipeline is running.
@@ -526,13 +553,23 @@ class Pipeline:
             return self._run()
 
     def _run(self) -> RunSummary:
+        if self._gate.requested:
+            log.info("stop requested before the query started: nothing to do")
+            return self.summary
         query = self.start()
         try:
-            while query.isActive and not self._stop.is_set():
-                query.awaitTermination(0.5)
-            if query.isActive:
-                query.stop()
-            query.awaitTermination()  # re-raises the query's failure, if any
+            while query.isActive:
+                if self._gate.requested and self._gate.stop_when_safe(query):
+                    break
+                # Once stopping, look often: the gap between Spark recording a batch and
+                # planning the next one is where the stop belongs.
+                query.awaitTermination(0.005 if self._gate.requested else 0.5)
+            try:
+                query.awaitTermination()  # re-raises the query's failure, if any
+            except Exception as exc:
+                if not self._gate.stopped_by_gate(exc):
+                    raise
+                log.info("a batch planned while stopping was left for the next run")
         finally:
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()

@@ -20,18 +20,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BatchProgress:
-    """What one micro-batch did. ``records_read`` is the Kafka offsets the batch advanced the
-    pipeline by (the records read, plus any transaction markers or compacted gaps between
-    them; 0 for a replay, which re-reads records the table already holds); ``rows_written``
-    the rows the Delta commit added (0 for a replay); ``dead_letters`` the records this batch
-    sent to the dead-letter table."""
+    """What one micro-batch did. ``records_read`` is the Kafka records the batch read
+    (counted with ``DataFrame.observe`` while the sink wrote it; a replay re-reads its records
+    too; None when the count is unknown); ``rows_written`` the rows the Delta commit added (0
+    for a replay); ``dead_letters`` the records this batch sent to the dead-letter table."""
 
     pipeline_id: str
     run_id: str
     batch_id: int
     finished_at: float  # Unix time, seconds
     duration_s: float
-    records_read: int
+    records_read: int | None
     rows_written: int
     dead_letters: int
     replayed: bool
@@ -57,7 +56,8 @@ class BatchProgress:
 
     @property
     def records_per_s(self) -> float:
-        return self.records_read / self.duration_s if self.duration_s > 0 else 0.0
+        read = self.records_read or 0
+        return read / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def target_done(self) -> float | None:

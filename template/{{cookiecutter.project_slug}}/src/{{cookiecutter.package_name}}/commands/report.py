@@ -114,7 +114,7 @@ def draw(batches: list[BatchProgress], output: Path) -> None:
         lag.set_xticks(x, [str(b.batch_id) for b in batches])
     lag.set_xlabel("micro-batch (Spark batch id; in the order written)")
 
-    read = sum(b.records_read for b in batches)
+    read = sum(b.records_read or 0 for b in batches)
     rows = sum(b.rows_written for b in batches)
     dead = sum(b.dead_letters for b in batches)
     fig.suptitle(

@@ -61,17 +61,36 @@ def _die_with_parent() -> None:
 
 
 def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Until the broker answers a metadata request (a listening socket is not enough)."""
+    """Until the broker answers a metadata request (a listening socket is not enough).
+
+    The port is probed with plain TCP first: a Kafka client started before the broker listens
+    logs a "Connection refused" line on every reconnect attempt (librdkafka does, to stderr),
+    which the demo used to print while the broker started."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    from ..kafka_clients import admin_settings
+
     deadline = time.monotonic() + timeout_s
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
     last: Exception | None = None
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError as exc:
+            last = exc
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"broker at {bootstrap} did not listen within {timeout_s:.0f}s: {last}"
+                ) from None
+            time.sleep(0.05)
+    admin = AdminClient(admin_settings({"bootstrap.servers": bootstrap}))
     while time.monotonic() < deadline:
         try:
             admin.list_topics(timeout=2)
             return
-        except Exception as exc:
+        except KafkaException as exc:
             last = exc
             time.sleep(0.1)
     raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
