@@ -298,4 +298,4 @@ def test_counting_the_records_read_adds_no_spark_job(spark) -> None:
 
     assert counted == plain >= 1
     assert records_read(observation) == 10_000
-    assert records_read(Observation()) is None  # never observed: unknown, without blocking
+    assert records_read(Observation(), wait_s=0.1) is None  # never observed: unknown, bounded wait

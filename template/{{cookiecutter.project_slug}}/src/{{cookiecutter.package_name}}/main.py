@@ -205,18 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Before Spark starts: a metrics port in use or a path not writable stops the run at once.
+    try:
+        listeners = build_listeners(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     from .preflight import PreflightError, check
 
     try:
         check(config)  # before Spark starts: seconds, and one sentence when something is wrong
     except PreflightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    # Before Spark starts: a metrics port in use or a path not writable stops the run at once.
-    try:
-        listeners = build_listeners(config)
-    except ConfigError as exc:
+        close_listeners(listeners)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
@@ -222,7 +222,9 @@ class StoredOffsets:
     batch_id: int | None
     seq: int = 0
     expired: bool = False
-    user_metadata: str | None = None
+    # The commit's record as written (a copy of it is kept, see cluster/commit_copies.py); not
+    # part of what the offsets are.
+    user_metadata: str | None = field(default=None, compare=False)
     # The metadata of an operator's reset when the stored offsets come from one (None for a
     # batch, or when read from txn actions after log cleanup).
     reset: Mapping[str, object] | None = None

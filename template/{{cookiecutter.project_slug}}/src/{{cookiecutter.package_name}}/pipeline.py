@@ -90,15 +90,23 @@ def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
     )
 
 
-def records_read(observation: Observation) -> int | None:
-    """The Kafka records the batch read, counted by ``DataFrame.observe`` on the batch's input
-    while the sink's own job ran (no extra Spark job); None if that count never completed (a
-    transform that does not read its input)."""
+def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
+    """The Kafka records the batch read, counted by DataFrame.observe on the batch's input
+    while the sink's own job ran (no extra Spark job); None if that count did not arrive
+    within wait_s (a transform that does not read its input).
+
+    Spark delivers the count through its listener bus, a moment after the job that computed it
+    returns: the count is waited for, briefly, rather than taken as missing.
+    """
     future = getattr(getattr(observation, "_jo", None), "future", None)
     try:
-        # Observation.get blocks until the count arrives; ask whether it has, first.
-        if future is not None and not future().isCompleted():
-            return None
+        if future is not None:
+            # Observation.get would block for good on a plan that never ran.
+            deadline = time.monotonic() + wait_s
+            while not future().isCompleted():
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.002)
         return int(observation.get["records"])
     except Exception:  # progress reporting must never fail a committed batch
         return None
