@@ -56,6 +56,10 @@ from dataclasses import dataclass, field, replace
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
 METADATA_KEY = "kafka_delta"
+# The folder inside a table where the pipeline keeps what is not Delta's: run leases
+# (run_lease.py) and, for delta-spark, copies of its commit records (cluster/commit_copies.py).
+# Delta's readers and VACUUM skip folders whose names start with "_".
+TABLE_SIDE_FOLDER = "_kafka_delta"
 METADATA_FORMAT = 1
 
 Offsets = dict[str, dict[int, int]]
@@ -324,7 +328,7 @@ def stored_from_transactions(
         raise OffsetsExpiredError(
             f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
             "txn), but Delta log cleanup removed that commit and no copy of it "
-            f"(_kafka_delta/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
+            f"({TABLE_SIDE_FOLDER}/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
             f"table's offset txns are those of the older commit {written_at}, so resuming from "
             "them would read records twice. Nothing was read or written. Set the offsets "
             "explicitly (README, 'Delta log cleanup')."
@@ -339,7 +343,7 @@ def stored_from_transactions(
         raise OffsetsExpiredError(
             f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
             "txn), but Delta log cleanup removed that commit, and neither an offset txn for any "
-            f"of {sorted(partitions)} nor a copy of the commit (_kafka_delta/{pipeline_id}/"
+            f"of {sorted(partitions)} nor a copy of the commit ({TABLE_SIDE_FOLDER}/{pipeline_id}/"
             f"commits/{seq}.json beside the table) is left to say where it ended. Nothing was "
             "read or written. Set the offsets explicitly (README, 'Delta log cleanup'), and keep "
             "delta.logRetentionDuration above the pipeline's longest pause."

@@ -37,10 +37,10 @@ from pyarrow import fs as pafs
 
 from .checkpoint import local_path
 from .config import PipelineConfig
+from .offsets import TABLE_SIDE_FOLDER
 
 log = logging.getLogger(__name__)
 
-LEASE_FOLDER = "_kafka_delta"
 HEARTBEAT_SECONDS = 5.0
 STALE_AFTER_SECONDS = 30.0
 
@@ -110,12 +110,12 @@ def is_active(lease: Lease, now_ms: int | None = None, host: str | None = None) 
 def _runs_folder(table_uri: str, pipeline_id: str) -> tuple[pafs.FileSystem, str]:
     local = local_path(table_uri)
     if local is not None:
-        return pafs.LocalFileSystem(), str(local / LEASE_FOLDER / pipeline_id / "runs")
+        return pafs.LocalFileSystem(), str(local / TABLE_SIDE_FOLDER / pipeline_id / "runs")
     try:
         filesystem, path = pafs.FileSystem.from_uri(table_uri)
     except Exception as exc:
         raise LeaseUnavailableError(f"cannot keep a run lease at {table_uri}: {exc}") from None
-    return filesystem, f"{path.rstrip('/')}/{LEASE_FOLDER}/{pipeline_id}/runs"
+    return filesystem, f"{path.rstrip('/')}/{TABLE_SIDE_FOLDER}/{pipeline_id}/runs"
 
 
 def read_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
