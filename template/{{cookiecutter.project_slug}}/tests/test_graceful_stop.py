@@ -300,3 +300,42 @@ def test_a_signal_that_reaches_the_driver_and_the_jvm_counts_once() -> None:
         time.sleep(0.1)
     assert stops == [1]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+_PLANNER_END = """
+import socket
+from pyspark.serializers import read_int, write_int
+from {{ cookiecutter.package_name }}.graceful_stop import ignore_stop_signals_in_spark_helper
+ignore_stop_signals_in_spark_helper()
+ours, jvm = socket.socketpair()
+sock_file = ours.makefile("rwb", 65536)
+jvm.close()  # the query stopped: the JVM's end of the planner's socket goes away
+try:
+    read_int(sock_file)  # pyspark's runner, waiting for its next call
+except BaseException:
+    {failure}
+"""
+
+
+@pytest.mark.parametrize(
+    ("failure", "quiet"),
+    [
+        ("write_int(-2, sock_file); sock_file.flush()", True),  # what pyspark's runner does
+        ("raise ValueError('a real failure of the planner')", False),
+    ],
+    ids=["socket-closed", "other-failure"],
+)
+def test_the_planner_ends_quietly_when_spark_closes_its_socket_and_loudly_otherwise(
+    failure: str, quiet: bool
+) -> None:
+    """A process-group SIGTERM run's output once showed half a traceback of pyspark's
+    streaming source runner: the JVM closed its socket at the stop, the runner's reply to that
+    raised BrokenPipeError at top level. The planner's end must say nothing; any other
+    failure must still print in full."""
+    code = _PLANNER_END.format(failure=failure)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    if quiet:
+        assert done.stderr == ""
+    else:
+        assert "Traceback" in done.stderr and "a real failure of the planner" in done.stderr

@@ -250,8 +250,34 @@ def _exit_now(status: int) -> None:
 def ignore_stop_signals_in_spark_helper() -> None:
     """In a Python process Spark's JVM starts for the driver (the streaming source's
     planner): ignore SIGTERM and SIGINT, which a process-group signal delivers there too. The
-    driver decides when to stop; the JVM ends this process when the query stops."""
+    driver decides when to stop; the JVM ends this process when the query stops.
+
+    When it does, it closes the planner's socket: pyspark's runner, blocked reading its next
+    call, gets EOFError, and flushing its reply then raises BrokenPipeError, which
+    reaches the interpreter's top level and prints a traceback, or half of one when the JVM
+    kills the process mid-print. That is this process's normal end, so it ends quietly; any
+    other failure still prints in full."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    sys.excepthook = quiet_when_spark_closes_the_socket(sys.excepthook)
+
+
+_SOCKET_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+def quiet_when_spark_closes_the_socket(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """sys.excepthook that says nothing when the uncaught failure, and every failure it
+    happened while handling, is the JVM's end of the socket going away; else hook."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        chain: BaseException | None = value
+        while chain is not None:
+            if not isinstance(chain, _SOCKET_CLOSED):
+                hook(kind, value, tb)
+                return
+            chain = chain.__cause__ or chain.__context__
+        # The JVM closed the socket: the query stopped and this planner is done.
+
+    return excepthook
