@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import memory
@@ -38,19 +39,27 @@ def _logging() -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def _project_spark_conf(spec: dict[str, Any]) -> dict[str, str]:
+    """The Spark confs of the generated project's ``conf/local.yaml``: the session users run."""
+    import yaml
+
+    path = Path(spec["src"]).parent / "conf" / "local.yaml"
+    conf = (yaml.safe_load(path.read_text()).get("spark") or {}).get("conf") or {}
+    return {str(k): str(v) for k, v in conf.items()}
+
+
 def _spark(spec: dict[str, Any]) -> Any:
-    """A local session like the generated tests' one; with ``spec["jars"]`` (delta-spark), those
-    jars on spark.jars and Delta's session extension and catalog, as the tests' conftest does."""
+    """A local session with the generated project's own Spark confs (``conf/local.yaml``) on
+    ``spec["master"]``; with ``spec["jars"]`` (delta-spark), those jars on spark.jars and Delta's
+    session extension and catalog, as the tests' conftest does."""
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(spec["master"])
-        .appName("bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
+    builder = SparkSession.builder.master(spec["master"]).appName("bench")
+    for key, value in {
+        **_project_spark_conf(spec),
+        "spark.sql.session.timeZone": "UTC",
+    }.items():
+        builder = builder.config(key, value)
     if spec.get("jars"):
         builder = builder.config("spark.jars", ",".join(spec["jars"]))
         for key, value in _import_package(spec, "engine").DELTA_SESSION_CONFS.items():

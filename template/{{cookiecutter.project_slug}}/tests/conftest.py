@@ -49,6 +49,7 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         # as conf/local.yaml: streaming queries disable it anyway, with a warning
         .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # as conf/local.yaml
     )
     if WITH_CONNECTORS:
         builder = builder.config("spark.jars.packages", ",".join(connector_packages()))
