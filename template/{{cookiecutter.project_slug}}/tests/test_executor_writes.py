@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from conftest import skip_without_connectors
 from {{ cookiecutter.package_name }}.embedded import sink as sink_module
 from {{ cookiecutter.package_name }}.embedded.file_writer import (
     FileTarget,
@@ -272,16 +273,20 @@ def _all_types_rows() -> list[tuple]:
     ]
 
 
+def _write_all_types(spark, uri: str):
+    frame = spark.createDataFrame(_all_types_rows(), ALL_TYPES).repartition(2)
+    result = DeltaRsSink(uri, "p").commit_batch(frame, BatchCommit("p", "p.q", 0, {"o": {0: 2}}))
+    assert result.written and result.rows == 2 and result.delta_version == 0
+    return frame
+
+
 @pytest.mark.spark
-def test_rows_written_by_the_tasks_read_back_the_same_through_delta_rs_and_delta_spark(
+def test_rows_written_by_the_tasks_read_back_the_same_through_delta_rs(
     spark, tmp_path: Path
 ) -> None:
     uri = str(tmp_path / "t")
-    frame = spark.createDataFrame(_all_types_rows(), ALL_TYPES).repartition(2)
+    frame = _write_all_types(spark, uri)
 
-    result = DeltaRsSink(uri, "p").commit_batch(frame, BatchCommit("p", "p.q", 0, {"o": {0: 2}}))
-
-    assert result.written and result.rows == 2 and result.delta_version == 0
     table = DeltaTable(uri)
     schema = pa.schema(table.schema().to_arrow())
     assert schema.field("ts").type == pa.timestamp("us", tz="UTC")
@@ -291,11 +296,16 @@ def test_rows_written_by_the_tasks_read_back_the_same_through_delta_rs_and_delta
     files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     assert sum(f["num_records"] for f in files) == 2
 
-    from {{ cookiecutter.package_name }}.engine import missing_connectors
 
-    if missing_connectors(spark, ["delta-spark"]):
-        pytest.skip("delta-spark jars not on the classpath: the delta-rs read-back passed")
+@pytest.mark.spark
+def test_rows_written_by_the_tasks_read_back_the_same_through_delta_spark(
+    spark, tmp_path: Path
+) -> None:
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
     from chispa import assert_df_equality
+
+    uri = str(tmp_path / "t")
+    frame = _write_all_types(spark, uri)
 
     read = spark.read.format("delta").load(uri)
     # Spark cannot sort rows by a map column (chispa's ignore_row_order sorts): compared apart.
