@@ -1,6 +1,7 @@
 """The demo: generate a project, start the embedded broker, produce events, run the pipeline
 until caught up with spark-submit, then show the table, its stored offsets and the consumer
-group's lag. The last line is machine-checkable:
+group's lag, and draw records/s and lag per batch as a PNG (the project's `report` command).
+The last line is machine-checkable:
 
     demo: produced=<N> table_rows=<N> distinct_ids=<N> group_lag=<L>
 """
@@ -30,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=50_000, help="events to produce")
     parser.add_argument("--partitions", type=int, default=4, help="partitions per topic")
+    parser.add_argument(
+        "--batch-records",
+        type=int,
+        default=12_500,
+        help="max records per micro-batch (several batches make the picture worth drawing)",
+    )
     parser.add_argument("--preset", default="embedded-local", help="a preset in conf/")
     parser.add_argument("--workdir", type=Path, default=REPO / ".demo")
     args = parser.parse_args(argv)
@@ -69,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         produced = produce_mod.produce_events(bootstrap, topics, args.records)
         print(f"    {produced} events in {time.perf_counter() - started:.1f}s")
 
-        say("running the pipeline until caught up: scripts/run_local.sh --trigger available-now")
+        say(
+            "running the pipeline until caught up: scripts/run_local.sh --trigger available-now "
+            f"--max-records-per-trigger {args.batch_records}"
+        )
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
         env.pop("PYTHONPATH", None)
         started = time.perf_counter()
@@ -82,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 bootstrap,
                 "--trigger",
                 "available-now",
+                "--max-records-per-trigger",
+                str(args.batch_records),
             ],
             cwd=project,
             env=env,
@@ -127,6 +139,22 @@ def main(argv: list[str] | None = None) -> int:
         group_lag = admin_mod.total_lag(latest, committed)
         rps = data.num_rows / wall if wall else 0.0
         print(f"\n    end to end: {data.num_rows} rows in {wall:.1f}s = {rps:,.0f} records/s")
+
+        say(f"drawing the run's progress: python -m {package} report")
+        report = subprocess.run(
+            [sys.executable, "-m", package, "report"],
+            cwd=project,
+            env=dict(env, PYTHONPATH=str(project / "src")),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if report.returncode != 0:
+            print(f"demo: report failed: {report.stderr.strip()}", file=sys.stderr)
+            return report.returncode
+        picture = report.stdout.splitlines()[-1]
+        print(f"    {report.stdout.splitlines()[0]}")
+        print(f"    picture (records/s and lag per micro-batch): {picture}")
     finally:
         say("stopping the broker")
         # Kafka clients still alive when the broker goes would log reconnect noise after

@@ -282,8 +282,8 @@ def scenario_concurrency(sink: Sink, feed: Feed) -> None:
     finally:
         for proc in procs:
             if proc.poll() is None:
-                # To the driver alone: it stops after the current micro-batch. The whole group
-                # would take Spark's JVM down under it.
+                # The driver stops after the current micro-batch (so would the whole process
+                # group: see graceful_stop.py in the generated project).
                 proc.send_signal(signal.SIGTERM)
         codes = []
         for proc in procs:

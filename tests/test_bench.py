@@ -1,10 +1,11 @@
 """scripts/bench stays runnable: a tiny benchmark end to end (so it never rots), and the pieces
-its figures rest on: steady-state rates, process-tree memory, sweep sizes, CSV and chart."""
+its figures rest on: steady-state rates, the least-squares fit of batch cost, driver and
+process-tree memory, start-up phases from log lines, the last line, CSV and chart."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -15,145 +16,396 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from benchlib import cli, memory, report, rows, startup, sweep  # noqa: E402
+
+NUMBER = r"(?:-?\d+(?:\.\d+)?|nan)"
 LAST_LINE = re.compile(
-    r"^bench: pipeline_rps=(?P<pipeline>\S+) raw_consume_rps=(?P<raw>\S+) "
-    r"ratio_to_raw=(?P<ratio>\S+) overhead_pct=(?P<overhead>\S+) "
-    r"simple_ingest_rps=(?P<simple>\S+)$"
+    rf"^bench: pipeline_rps=(?P<pipeline>{NUMBER}) simple_ingest_rps=(?P<simple>{NUMBER}) "
+    rf"ratio_to_simple=(?P<ratio>{NUMBER}) batch_fixed_s=(?P<fixed>{NUMBER}) "
+    rf"us_per_record=(?P<us>{NUMBER}) startup_s=(?P<startup>{NUMBER}) "
+    rf"overhead_pct=(?P<overhead>{NUMBER}) driver_rss_ratio=(?P<rss_ratio>{NUMBER}) "
+    rf"delta_spark_rps=(?P<delta_spark>{NUMBER})$"
 )
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench"] = module
-    spec.loader.exec_module(module)
-    return module
+# 3000 records in 2 batches per pipeline row; a sweep of two points at 4 partitions (the fit
+# needs two, with steady batches of different sizes); driver peaks at two batch sizes; a
+# 3-batch memory run.
+TINY = (
+    "--records 3000 --partitions 2 --batch-size 1500 "
+    "--sweep-partitions 4 --sweep-records 2000 --sweep-batch-sizes 500,1000 "
+    "--rss-batch-sizes 500,1500 --rss-batches 1 --memory-batches 3 --memory-batch-size 250"
+).split()
 
 
-bench = _bench_module()
-
-
-def test_tiny_benchmark_prints_the_summary_line_and_verifies_every_row(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH"}}
-    started = time.monotonic()
+def _bench(args: list[str], out: Path, timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench.py"),
-            "--records",
-            "3000",
-            "--partitions",
-            "2",
-            "--batch-size",
-            "1000",
-            "--no-sweep",
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, str(REPO / "scripts" / "bench.py"), *args, "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     last = result.stdout.strip().splitlines()[-1]
     match = LAST_LINE.match(last)
     assert match, f"last line has the wrong form: {last!r}"
-    figures = {k: float(v) for k, v in match.groupdict().items()}
-    for key in ("pipeline", "raw", "ratio", "simple"):
-        assert figures[key] > 0, last
-    # The exactly-once overhead is a difference of two measurements: noise may make it negative.
-    assert abs(figures["overhead"]) < 100, last
-    assert figures["ratio"] == pytest.approx(
-        figures["pipeline"] / figures["raw"], rel=0.01, abs=1e-4
-    )
+    return result, {k: float(v) for k, v in match.groupdict().items()}
 
-    with open(tmp_path / "bench.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["section"] == "main"]
-    assert sorted(int(r["row"]) for r in rows) == [1, 2, 3, 4, 5]
-    for row in rows:
+
+def _csv(out: Path) -> list[dict[str, str]]:
+    with open(out / "bench.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Path) -> None:
+    started = time.monotonic()
+    jars = cli.default_delta_jars()
+    _, figures = _bench(
+        TINY,
+        tmp_path,
+        timeout=600,
+    )
+    elapsed = time.monotonic() - started
+    last = str(figures)
+    for key in ("pipeline", "simple", "ratio", "startup", "rss_ratio"):
+        assert figures[key] > 0, last
+    # The fit and the exactly-once overhead rest on differences of measurements: noise
+    # may make them negative on a busy machine, but they are measured (not nan).
+    for key in ("fixed", "us", "overhead"):
+        assert not math.isnan(figures[key]), last
+    assert figures["ratio"] == pytest.approx(
+        figures["pipeline"] / figures["simple"], rel=0.01, abs=1e-4
+    )
+    if jars:
+        assert figures["delta_spark"] > 0, last
+    else:
+        assert math.isnan(figures["delta_spark"]), last
+
+    table = _csv(tmp_path)
+    main = [r for r in table if r["section"] == "main"]
+    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6]
+    for row in main:
+        if row["row"] == "6" and not jars:
+            assert row["verified"] == "skipped" and "no delta-spark jars" in row["note"], row
+            continue
         assert row["verified"] == "True", row
         assert int(row["records"]) == int(row["rows_out"]) == 3000, row
         assert float(row["records_per_s"]) > 0, row
         assert float(row["peak_rss_mb"]) > 0, row
-    for row in rows:
         if int(row["row"]) >= 2:  # every Delta table holds each id exactly once
             assert int(row["distinct_ids"]) == 3000, row
-    pipeline = next(r for r in rows if r["row"] == "4")
-    assert float(pipeline["startup_s"]) > 0
-    assert int(pipeline["batches"]) == 3  # 3000 records at 1000 per trigger
+    for row in (r for r in main if int(r["row"]) >= 4 and r["verified"] == "True"):
+        assert float(row["startup_s"]) > 0, row
+        assert int(row["batches"]) == 2, row  # 3000 records at 1500 per trigger
+        # The driver's own peak (Python, and its JVM apart), and the start-up's phases.
+        assert 0 < float(row["driver_peak_mb"]) < float(row["peak_rss_mb"]), row
+        assert float(row["jvm_peak_mb"]) > 0, row
+        phases = [float(row[startup.column(p)]) for p, _ in startup.PHASES]
+        assert sum(phases) == pytest.approx(float(row["startup_s"]), abs=1.0), row
+    sweep_rows = [r for r in table if r["section"] == "sweep"]
+    assert [(r["partitions"], r["batch_size"]) for r in sweep_rows] == [("4", "500"), ("4", "1000")]
+    (fit,) = [r for r in table if r["section"] == "fit"]
+    assert (
+        float(fit["batch_fixed_s"]) == figures["fixed"]
+        or abs(float(fit["batch_fixed_s"]) - figures["fixed"]) < 1e-3
+    )
+    peaks, flat = (
+        [r for r in table if r["section"] == "memory"][:2],
+        [r for r in table if r["section"] == "memory"][2],
+    )
+    assert [p["batch_size"] for p in peaks] == ["500", "1500"]
+    assert all(p["verified"] == "True" and float(p["driver_peak_mb"]) > 0 for p in peaks)
+    assert figures["rss_ratio"] == pytest.approx(
+        float(peaks[1]["driver_peak_mb"]) / float(peaks[0]["driver_peak_mb"]), abs=2e-3
+    )
+    assert flat["verified"] == "True" and int(flat["batches"]) == 3, flat
+    assert float(flat["driver_rss_first_mb"]) > 0 and float(flat["driver_rss_last_mb"]) > 0
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Tables are removed once verified; the generated project and the logs stay for reading.
     assert not any((tmp_path / "tables").glob("*"))
     print(f"tiny benchmark took {elapsed:.0f}s")
 
 
+def test_without_delta_spark_jars_row_6_says_so_and_the_run_still_succeeds(
+    tmp_path: Path,
+) -> None:
+    empty = tmp_path / "no-jars"
+    empty.mkdir()
+    out = tmp_path / "out"
+    result, figures = _bench(
+        [
+            "--records",
+            "200",
+            "--rows",
+            "6",
+            "--no-sweep",
+            "--no-memory",
+            "--delta-jars",
+            str(empty),
+        ],
+        out,
+        timeout=300,
+    )
+    assert "skipped: no delta-spark jars" in result.stdout
+    (row,) = _csv(out)
+    assert (row["row"], row["verified"]) == ("6", "skipped")
+    assert str(empty) in row["note"] and "holds no .jar file" in row["note"]
+    # Nothing of the last line was measured: every figure says so.
+    assert all(math.isnan(v) for v in figures.values()), result.stdout.splitlines()[-1]
+
+
+# -- the pieces ---------------------------------------------------------------------------
+
+
 def test_steady_rate_leaves_out_the_first_batch() -> None:
     # (commit time, rows): batch 0 took the start-up; 20 rows then took 4 seconds.
-    rate, first_end = bench.steady([(10.0, 5), (12.0, 10), (14.0, 10)])
+    rate, first_end = rows.steady([(10.0, 5), (12.0, 10), (14.0, 10)])
     assert first_end == 10.0
     assert rate == pytest.approx(5.0)
-    assert bench.steady([]) == (0.0, None)
+    assert rows.steady([]) == (0.0, None)
 
 
 def test_repeated_pipeline_runs_are_summarised_by_their_medians() -> None:
-    run = bench.Bench(bench.parse_args(["--repeats", "3"]))
-    for repeat, (rps, startup) in enumerate(((50.0, 9.0), (70.0, 11.0), (60.0, 10.0))):
-        run.rows.append(
-            bench.Row(4, "pipeline", 1000, 100, rps=rps, startup_s=startup, repeat=repeat)
-        )
-    (row,) = run.summary_rows()
-    assert (row.rps, row.startup_s) == (60.0, 10.0)
+    runs = [
+        rows.Row(4, "pipeline", 1000, 100, rps=rps, startup_s=s, repeat=i, extra={"x": s})
+        for i, (rps, s) in enumerate(((50.0, 9.0), (70.0, 11.0), (60.0, 10.0)))
+    ]
+    (row,) = rows.summary_rows(runs)
+    assert (row.rps, row.startup_s, row.extra["x"]) == (60.0, 10.0, 10.0)
     assert "median of 3 runs" in row.note
 
 
 def test_sweep_covers_10k_to_500k_at_full_size_and_shrinks_for_small_runs() -> None:
-    assert bench.scaled_batch_sizes(1_000_000) == [10_000, 50_000, 100_000, 250_000, 500_000]
-    small = bench.scaled_batch_sizes(20_000)
+    assert sweep.scaled_batch_sizes(1_000_000) == [10_000, 50_000, 100_000, 250_000, 500_000]
+    small = sweep.scaled_batch_sizes(20_000)
     assert small == sorted(set(small))
     assert min(small) >= 1_000  # at most ~20 batches a point
     assert max(small) <= 10_000  # at least two batches, so one is steady
 
 
-def test_peak_memory_counts_the_whole_process_tree() -> None:
+def test_batch_cost_fit_recovers_fixed_cost_and_marginal_cost() -> None:
+    # The issue's 4-partition points: 15k records at 22,906/s and 150k at 145,857/s.
+    points = [(15_000, 15_000 / 22_906), (150_000, 150_000 / 145_857)]
+    fit = sweep.fit_batch_cost(4, points)
+    assert fit is not None
+    # Through two points the line is exact: slope = dy/dx, intercept = y1 - slope x1.
+    slope = (points[1][1] - points[0][1]) / (points[1][0] - points[0][0])
+    assert fit.us_per_record == pytest.approx(slope * 1e6) == pytest.approx(2.767, abs=1e-3)
+    assert fit.fixed_s == pytest.approx(points[0][1] - slope * 15_000)
+    assert fit.fixed_s == pytest.approx(0.613, abs=1e-3)  # "about 0.61 s", as the issue says
+    assert fit.marginal_rps == pytest.approx(1e6 / fit.us_per_record)
+    # Least squares over noisy points: the textbook solution of this small system.
+    a, b = sweep.fit_line([(1.0, 1.0), (2.0, 2.0), (3.0, 2.0), (4.0, 4.0)])  # type: ignore[misc]
+    assert (a, b) == (pytest.approx(0.0), pytest.approx(0.9))
+    assert sweep.fit_line([(5.0, 1.0), (5.0, 2.0)]) is None  # one batch size: no line
+    assert sweep.fit_batch_cost(4, [(5.0, 1.0)]) is None
+
+
+def test_steady_batch_cost_times_batches_from_commit_to_commit() -> None:
+    # Batch 0 (start-up) is left out: two steady batches of 100 and 300 rows in 6 seconds.
+    assert sweep.steady_batch_cost([(10.0, 999), (13.0, 100), (16.0, 300)]) == (200.0, 3.0)
+    assert sweep.steady_batch_cost([(10.0, 999)]) is None
+
+
+def test_fits_come_from_the_sweep_rows_of_each_partition_count() -> None:
+    results = report.Results(cli.parse_args(["--records", "1000"]))
+    for partitions, fixed in ((4, 0.5), (16, 1.0)):
+        for size in (10_000, 100_000):
+            results.sweep.append(
+                rows.Row(
+                    0, "sweep", 1, size, partitions=partitions, verified=True,
+                    extra={"steady_records_per_batch": size,
+                           "steady_s_per_batch": fixed + size * 3e-6},
+                )
+            )  # fmt: skip
+    fits = report.fits(results)
+    assert sorted(fits) == [4, 16]
+    assert fits[4].fixed_s == pytest.approx(0.5) and fits[16].fixed_s == pytest.approx(1.0)
+    assert fits[4].us_per_record == pytest.approx(3.0)
+
+
+ALLOCATE = (
+    "import sys, time; b = bytearray({mb} * 2**20); {after}; print('ready', flush=True); "
+    "sys.stdin.readline()"
+)
+
+
+def _holding(mb: int, after: str = "pass") -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ALLOCATE.format(mb=mb, after=after)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _release(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    proc.wait(timeout=30)
+
+
+def test_peak_memory_of_the_tree_counts_every_process() -> None:
     # A parent that starts a child holding ~150 MB: the parent alone stays small.
     code = (
         "import subprocess, sys; subprocess.run([sys.executable, '-c', "
         "'import time; b = bytearray(150 * 2**20); time.sleep(1.5)'])"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
-    sampler = bench.TreeSampler(proc.pid, interval_s=0.05, rescan_s=0.05)
+    sampler = memory.TreeSampler(proc.pid, interval_s=0.05, rescan_s=0.05)
     sampler.start()
     proc.wait(timeout=30)
     sampler.stop()
     assert sampler.peak_rss_mb > 150
 
 
-def test_csv_and_chart_hold_the_main_rows_and_the_sweep(tmp_path: Path) -> None:
-    args = bench.parse_args(["--records", "20000", "--out", str(tmp_path)])
-    run = bench.Bench(args)
-    run.out = tmp_path
+def test_driver_memory_is_one_process_and_its_peak_can_be_restarted() -> None:
+    # This process is the "driver": the 150 MB its child holds are not counted.
+    before = memory.status_mb(os.getpid(), "VmHWM")
+    child = _holding(150)
+    try:
+        assert before is not None
+        assert memory.status_mb(os.getpid(), "VmRSS") < before + 50  # type: ignore[operator]
+        assert memory.status_mb(child.pid, "VmRSS") > 150  # type: ignore[operator]
+    finally:
+        _release(child)
+    # A process that held 200 MB and freed them: its peak says 200 until reset.
+    freed = _holding(200, after="del b")
+    try:
+        assert memory.status_mb(freed.pid, "VmHWM") > 200  # type: ignore[operator]
+        assert memory.status_mb(freed.pid, "VmRSS") < 100  # type: ignore[operator]
+        if not memory.reset_peak(freed.pid):
+            pytest.skip("this kernel refuses to reset VmHWM (/proc/<pid>/clear_refs)")
+        assert memory.status_mb(freed.pid, "VmHWM") < 100  # type: ignore[operator]
+    finally:
+        _release(freed)
+    assert memory.status_mb(freed.pid, "VmRSS") is None  # gone
+
+
+def test_memory_drift_and_peak_ratio() -> None:
+    moved = memory.drift([None, 200.0, 205.0, 210.0])
+    assert moved is not None
+    assert (moved.first_mb, moved.last_mb, moved.batches) == (200.0, 210.0, 3)
+    assert moved.growth_pct == pytest.approx(5.0)
+    assert memory.drift([200.0]) is None
+    assert memory.peak_ratio({50_000: 400.0, 1_000_000: 440.0}) == pytest.approx(1.1)
+    assert math.isnan(memory.peak_ratio({50_000: 400.0}))
+    assert math.isnan(memory.peak_ratio({50_000: 400.0, 1_000_000: None}))
+
+
+def test_startup_phases_come_from_the_log_lines() -> None:
+    t0 = startup.log_time("2026-01-02 10:00:00,000")
+    log = [
+        "2026-01-02 10:00:05,500 INFO bench: spark session ready",
+        "Some JVM warning without a time",
+        "2026-01-02 10:00:07,000 INFO orders_stream.pipeline: no offsets of pipeline 'x'",
+        "2026-01-02 10:00:13,250 INFO bench: stream started",
+        "2026-01-02 10:00:20,000 INFO orders_stream.pipeline: batch=0 records=1500 "
+        "records_per_s=300 delta_version=0",
+        "2026-01-02 10:00:22,000 INFO orders_stream.pipeline: batch=1 records=1500",
+    ]
+    assert startup.phases(log, t0) == {
+        "spark session": 5.5,
+        "stream set-up": 7.75,
+        "first batch": 6.75,
+    }
+    # A phase the log does not announce: its time counts in the next one found.
+    assert startup.phases([log[0], log[4]], t0) == {"spark session": 5.5, "first batch": 14.5}
+    # Lines that merely mention a phase announce nothing; another progress-line wording does.
+    other = [
+        "2026-01-02 10:00:01,000 INFO x.pipeline: stop requested before the query started: no",
+        "2026-01-02 10:00:02,000 INFO x.pipeline: replayed batch 0: nothing written records_read=5",
+        "2026-01-02 10:00:03,000 INFO x.pipeline: batch=1 records_read=5 rows_written=5",
+    ]
+    assert startup.phases(other, t0) == {"first batch": 3.0}
+    assert startup.column("stream set-up") == "startup_stream_set_up_s"
+
+
+def _results(args: list[str]) -> report.Results:
+    results = report.Results(cli.parse_args(args))
     for number, rps in ((1, 400_000.0), (3, 150_000.0), (4, 90_000.0), (5, 92_000.0)):
-        run.rows.append(bench.Row(number, f"row {number}", 20_000, 4_000, rps=rps, partitions=4))
+        results.rows.append(
+            rows.Row(number, f"row {number}", 20_000, 4_000, rps=rps, partitions=4, verified=True)
+        )
+    results.rows[2].startup_s = 12.34
+    return results
+
+
+def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> None:
+    results = _results(["--records", "20000"])
+    assert report.last_line(results) == (
+        "bench: pipeline_rps=90000 simple_ingest_rps=150000 ratio_to_simple=0.6000 "
+        "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
+        "driver_rss_ratio=nan delta_spark_rps=nan"
+    )
+    results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
+    for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
+        results.sweep.append(
+            rows.Row(
+                0, "sweep", 1, size, partitions=4, verified=True,
+                extra={"steady_records_per_batch": size,
+                       "steady_s_per_batch": fixed + size * 2.8e-6},
+            )
+        )  # fmt: skip
+    for size, peak in ((50_000, 400.0), (1_000_000, 420.0)):
+        results.memory.append(rows.Row(0, "rss", 1, size, extra={"driver_peak_mb": peak}))
+    assert report.last_line(results).endswith(
+        "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
+        "driver_rss_ratio=1.050 delta_spark_rps=nan"
+    )
+    results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
+    assert report.last_line(results).endswith("delta_spark_rps=30000")
+
+
+def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path) -> None:
+    results = _results(["--records", "20000"])
+    args = results.args
     for partitions in (1, 4, 16):
         for size in args.sweep_batch_sizes:
-            run.sweep.append(
-                bench.Row(0, "sweep", 20_000, size, rps=size * 10.0, partitions=partitions)
-            )
+            results.sweep.append(
+                rows.Row(
+                    0, "sweep", 20_000, size, rps=size * 10.0, partitions=partitions,
+                    verified=True,
+                    extra={"steady_records_per_batch": size, "steady_s_per_batch": 0.1},
+                )
+            )  # fmt: skip
+    results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
 
-    chart = run.write_chart()
-    table = run.write_csv()
+    chart = report.write_chart(results, tmp_path)
+    table = report.write_csv(results, tmp_path)
 
     assert chart is not None and chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(table, newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert [r["section"] for r in rows].count("sweep") == 3 * len(args.sweep_batch_sizes)
-    assert {r["partitions"] for r in rows if r["section"] == "sweep"} == {"1", "4", "16"}
-    assert run.last_line() == (
-        "bench: pipeline_rps=90000 raw_consume_rps=400000 ratio_to_raw=0.2250 "
-        "overhead_pct=2.17 simple_ingest_rps=150000"
-    )
+        lines = list(csv.DictReader(f))
+    assert [r["section"] for r in lines].count("sweep") == 3 * len(args.sweep_batch_sizes)
+    assert {r["partitions"] for r in lines if r["section"] == "sweep"} == {"1", "4", "16"}
+    assert {r["partitions"] for r in lines if r["section"] == "fit"} == {"1", "4", "16"}
+    skipped = next(r for r in lines if r["row"] == "6")
+    assert (skipped["verified"], skipped["note"]) == ("skipped", "skipped: no jars")
+
+
+def test_options_refuse_rows_that_do_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--rows", "4,7"])
+    assert "no row [7]" in capsys.readouterr().err
+    assert cli.parse_args(["--rss-batch-sizes", "1000000,50000"]).rss_batch_sizes == [
+        50_000,
+        1_000_000,
+    ]
+
+
+def test_delta_jars_default_honours_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cli.JARS_ENV, "/some/jars")
+    assert cli.parse_args([]).delta_jars == "/some/jars"
+    monkeypatch.delenv(cli.JARS_ENV)
+    expected = str(cli.SHARED_JARS) if cli.SHARED_JARS.is_dir() else None
+    assert cli.default_delta_jars() == expected

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1.
-#   scripts/broker.sh start [--port 9092]    prints the bootstrap address
+#   scripts/broker.sh start [--port 9092]    prints the bootstrap address, keeps it in .broker.json
+#   scripts/broker.sh address                prints the running broker's address
 #   scripts/broker.sh stop
+# scripts/produce.sh and scripts/run_local.sh read the address from .broker.json when no
+# --bootstrap-servers is given: nothing needs the broker's port pasted in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec python -m {{ cookiecutter.package_name }}.devtools.broker "$@" --state .broker.json

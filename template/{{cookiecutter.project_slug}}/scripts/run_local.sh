@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the pipeline with spark-submit in local mode, from this project's folder.
-#   scripts/run_local.sh --env local --bootstrap-servers 127.0.0.1:9092 [--trigger processing-time]
+#   scripts/run_local.sh [--env local] [--bootstrap-servers 127.0.0.1:9092] [--trigger processing-time]
+# Without --bootstrap-servers: the broker scripts/broker.sh started (its address is in
+# .broker.json) when there is one, else kafka.bootstrap_servers of the config.
 # Spark's Python workers import the package by name: they get src/ through PYTHONPATH and run
 # this same interpreter (PYSPARK_PYTHON), or they fail with "Python worker failed to connect back".
 # SPARK_SUBMIT_EXTRA adds spark-submit options (scripts/run_cluster_local.sh passes --packages).
@@ -9,10 +11,26 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
 export PYSPARK_PYTHON="$PYTHON" PYSPARK_DRIVER_PYTHON="$PYTHON"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+ARGS=("$@")
+case " $* " in
+  *" --bootstrap-servers"*) ;;
+  *) if [ -f .broker.json ]; then
+       ADDRESS="$("$PYTHON" -m {{ cookiecutter.package_name }}.devtools.broker address --state .broker.json)"
+       echo "run_local.sh: using the broker scripts/broker.sh started, at $ADDRESS" >&2
+       ARGS=("$@" --bootstrap-servers "$ADDRESS")
+     fi ;;
+esac
 SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
 [ -x "$SPARK_SUBMIT" ] || SPARK_SUBMIT=spark-submit
+# Spark's launcher always adds the JDK module jdk.incubator.vector, and the JDK then prints
+# "WARNING: Using incubator modules: jdk.incubator.vector" at every start, with no switch to
+# silence it: that one line is dropped from stderr. The filter ignores SIGINT and SIGTERM (Ctrl-C
+# reaches the whole process group) so that it passes on the run's last lines; it ends with them.
+# spark-submit is exec'd: `kill <pid>` of this script reaches Spark's JVM, which hands the
+# signal to the Python driver (a clean stop after the current micro-batch).
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "${SPARK_MASTER:-local[2]}" ${SPARK_SUBMIT_EXTRA:-} \
   --conf spark.ui.showConsoleProgress=false \
   --driver-java-options "-Dlog4j2.configurationFile=file:$PWD/conf/log4j2.properties" \
-  src/{{ cookiecutter.package_name }}/main.py "$@"
+  src/{{ cookiecutter.package_name }}/main.py "${ARGS[@]}" \
+  2> >(trap '' INT TERM; exec grep --line-buffered -v '^WARNING: Using incubator modules: jdk\.incubator\.vector$' >&2)

@@ -47,6 +47,8 @@ def spark():
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        # as conf/local.yaml: streaming queries disable it anyway, with a warning
+        .config("spark.sql.adaptive.enabled", "false")
     )
     if WITH_CONNECTORS:
         builder = builder.config("spark.jars.packages", ",".join(connector_packages()))

@@ -265,11 +265,14 @@ def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: 
 
 
 def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_them(
-    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark, kafka_bootstrap, new_topics, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = _missing_cluster_connectors(spark)
     project = Path(__file__).resolve().parents[1]
     data = yaml.safe_load((project / "conf" / "local.yaml").read_text())
+    # a reachable broker and existing topics: main checks them before Spark starts
+    data["kafka"]["bootstrap_servers"] = kafka_bootstrap
+    data["kafka"]["topics"] = new_topics(1)
     data["delta"]["table"] = str(tmp_path / "table")
     data["checkpoint"] = str(tmp_path / "checkpoint")
     (tmp_path / "conf").mkdir()

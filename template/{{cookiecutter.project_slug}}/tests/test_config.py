@@ -31,6 +31,14 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
     assert Path(cfg.delta.table).is_absolute()
     assert Path(cfg.delta.table).is_relative_to(PROJECT)
     assert Path(cfg.checkpoint).is_relative_to(PROJECT)
+    # Metrics are off unless asked for; the progress file and the textfile live under data/.
+    assert cfg.metrics.exporter == "none"
+    assert cfg.metrics.host == "127.0.0.1"
+    assert cfg.progress.path and Path(cfg.progress.path).is_relative_to(PROJECT / "data")
+    assert cfg.metrics.textfile and Path(cfg.metrics.textfile).is_relative_to(PROJECT / "data")
+    # The dead-letter table too: a run (or `offsets show`) from another folder finds it.
+    assert cfg.dead_letter_table is not None
+    assert Path(cfg.dead_letter_table).is_relative_to(PROJECT)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +59,14 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
         (lambda d: d["delta"].update(mode="upsert"), "needs merge_keys"),
         (lambda d: d["delta"].update(merge_keys=["id"]), "only apply to mode: upsert"),
         (lambda d: d["kafka"].update(jvm_client={"kafka.security.protocol": "SSL"}), "prefix"),
+        (lambda d: d["metrics"].update(exporter="prometheus"), "metrics.exporter"),
+        (lambda d: d["metrics"].update(exporter=False), "metrics.exporter"),  # YAML's `off`
+        (lambda d: d["metrics"].update(port=0), "metrics.port"),
+        (lambda d: d["metrics"].update(port=65536), "metrics.port"),
+        (lambda d: d["metrics"].update(exporter="textfile", textfile="m.txt"), "end in .prom"),
+        (lambda d: d["metrics"].update(exporter="textfile", textfile=None), "needs textfile"),
+        (lambda d: d["metrics"].update(prot=9464), "metrics.prot: unknown key"),
+        (lambda d: d["progress"].update(path=""), "progress.path"),
     ],
 )
 def test_invalid_config_names_the_bad_key(tmp_path: Path, mutate, message: str) -> None:

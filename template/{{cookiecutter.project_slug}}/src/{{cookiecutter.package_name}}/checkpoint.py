@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from .offsets import Offsets, offsets_from_json
+from .offsets import Offsets, StoredOffsets, offsets_from_json
 
 # First line of an ``offsets/<batch_id>`` file: the formats this module reads.
 _OFFSET_LOG_VERSIONS = frozenset({"v1", "v2"})
@@ -108,6 +108,40 @@ class CheckpointLog:
             raise CheckpointMismatchError(f"offset log entry {where} has no offset for its source")
         return sources[0]
 
+    def newest_plan_ms(self) -> int | None:
+        """When Spark planned this checkpoint's newest batch (``batchTimestampMs`` of the
+        newest ``offsets/<batch_id>`` entry, epoch ms), or None before the first plan."""
+        batches = self._batch_ids("offsets")
+        if not batches:
+            return None
+        text = self._read(f"offsets/{max(batches)}") or ""
+        lines = text.splitlines()
+        try:
+            return int(json.loads(lines[1])["batchTimestampMs"])
+        except (IndexError, KeyError, TypeError, ValueError):
+            raise CheckpointMismatchError(
+                f"{self.location}/offsets/{max(batches)} has no batch timestamp"
+            ) from None
+
+    def refuse_if_older_than(self, stored: StoredOffsets | None, table: str) -> None:
+        """Raise :class:`CheckpointMismatchError` when the table's stored offsets come from an
+        operator's reset made after this checkpoint planned its newest batch: resuming it
+        would continue from the checkpoint's own positions, not the reset ones (its next batch
+        would then fail fencing, or re-commit the offsets the reset moved away from)."""
+        if stored is None or stored.reset is None or not self.has_plan():
+            return
+        at = stored.reset.get("at_ms")
+        planned = self.newest_plan_ms()
+        if not isinstance(at, int) or planned is None or planned >= at:
+            return  # a checkpoint started after the reset: it planned from the reset offsets
+        raise CheckpointMismatchError(
+            f"the offsets of table {table} were reset at {stored.describe()}, after checkpoint "
+            f"{self.location} planned its last batch: resuming it would ignore the reset. "
+            "Nothing was read or written. Move the checkpoint aside (for a local one: "
+            f"mv {self.location} {self.location}.before-reset-{stored.delta_version}) and "
+            "start again; a new checkpoint starts at the reset offsets."
+        )
+
     def query_id(self) -> str | None:
         """The query id stored in the checkpoint's ``metadata`` file (None before the first
         start): stable across restarts of this checkpoint, new for a new one."""
@@ -143,16 +177,21 @@ class CheckpointLog:
 
     def _has_entries(self, folder: str) -> bool:
         """True when ``folder`` of the checkpoint holds at least one batch file."""
+        return bool(self._batch_ids(folder))
+
+    def _batch_ids(self, folder: str) -> list[int]:
+        """The batch ids of the files in ``folder`` of the checkpoint."""
         if self._local is not None:
             entries = self._local / folder
-            return entries.is_dir() and any(p.name.isdigit() for p in entries.iterdir())
+            if not entries.is_dir():
+                return []
+            return [int(p.name) for p in entries.iterdir() if p.name.isdigit()]
         assert self.spark is not None
         try:
             files = self.spark.read.format("binaryFile").load(f"{self.location}/{folder}")
-            return any(
-                row.path.rsplit("/", 1)[-1].isdigit() for row in files.select("path").collect()
-            )
+            names = [row.path.rsplit("/", 1)[-1] for row in files.select("path").collect()]
+            return [int(name) for name in names if name.isdigit()]
         except Exception as exc:
             if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
-                return False
+                return []
             raise

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from .faults import crash_point
+from .kafka_clients import consumer_settings
 from .offsets import Offsets, offsets_to_json
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,8 @@ class OffsetCommitter:
         crash_point("in_commit_back")
         try:
             if self._consumer is None:
-                self._consumer = Consumer({**self._conf, "on_commit": self._on_commit})
+                settings = consumer_settings(self._conf)
+                self._consumer = Consumer({**settings, "on_commit": self._on_commit})
             self._attempt += 1
             self._outstanding.append(self._attempt)
             self._result = None

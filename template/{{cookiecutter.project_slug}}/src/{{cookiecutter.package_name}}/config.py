@@ -215,6 +215,35 @@ class CommitBackConfig(_Model):
     timeout_seconds: float = Field(default=10.0, gt=0)
 
 
+class MetricsConfig(_Model):
+    # none: no metrics (prometheus_client is not even imported). http: serve them at
+    # http://host:port/metrics for Prometheus to scrape. textfile: write them to `textfile`
+    # after every batch, for node_exporter's textfile collector.
+    exporter: Literal["none", "http", "textfile"] = "none"
+    # Loopback by default: exposing the endpoint beyond the machine is a deliberate choice.
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=9464, ge=1, le=65535)
+    textfile: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _textfile_for_textfile(self) -> MetricsConfig:
+        if self.exporter == "textfile":
+            if not self.textfile:
+                raise ValueError("exporter textfile needs textfile: the .prom file to write")
+            if not self.textfile.endswith(".prom"):
+                raise ValueError(
+                    f"textfile {self.textfile!r} must end in .prom (node_exporter's textfile "
+                    "collector reads only *.prom files)"
+                )
+        return self
+
+
+class ProgressConfig(_Model):
+    # One JSON line per micro-batch (records read, rows, dead letters, lag, duration...),
+    # appended across runs; `report` draws records/s and lag from it. null: no file.
+    path: str | None = Field(default=None, min_length=1)
+
+
 class SparkConfig(_Model):
     master: str | None = "local[2]"
     conf: dict[str, str] = Field(default_factory=dict)
@@ -229,6 +258,8 @@ class PipelineConfig(_Model):
     dead_letters: DeadLetterConfig = DeadLetterConfig()
     trigger: TriggerConfig = TriggerConfig()
     commit_back: CommitBackConfig = CommitBackConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    progress: ProgressConfig = ProgressConfig()
     spark: SparkConfig = SparkConfig()
 
     @field_validator("pipeline_id")
@@ -352,5 +383,9 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> P
         **{
             "delta.table": _resolve(cfg.delta.table, root),
             "checkpoint": _resolve(cfg.checkpoint, root),
+            "metrics.textfile": cfg.metrics.textfile and _resolve(cfg.metrics.textfile, root),
+            "progress.path": cfg.progress.path and _resolve(cfg.progress.path, root),
+            # None (the default, <table>_dead_letters) is left as it is by with_overrides.
+            "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
         }
     )

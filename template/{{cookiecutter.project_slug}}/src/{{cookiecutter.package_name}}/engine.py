@@ -265,11 +265,17 @@ def check_contiguous(
             return
         detail = "; ".join(f"{t}[{p}] stored {o}, batch starts at {s}" for t, p, o, s in moved)
         problem = f"{detail or 'the table already holds offsets'} (stored at {stored.describe()})"
+    cause = (
+        "An operator reset the table's offsets while this checkpoint was in use: move the "
+        "checkpoint aside (a new one starts at the reset offsets)"
+        if stored is not None and stored.reset is not None
+        else "Another run of this pipeline is writing to the same table, or the table was "
+        "restored to another point"
+    )
     raise FencingError(
         f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} does not start where the "
-        f"table ends: {problem}. Another run of this pipeline is writing to the same table, or "
-        "the table was restored to another point; this run stops without committing, so "
-        "nothing is duplicated or skipped."
+        f"table ends: {problem}. {cause}; this run stops without committing, so nothing is "
+        "duplicated or skipped."
     )
 
 

@@ -9,6 +9,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaE
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from .kafka_clients import admin_settings
 from .offsets import Offsets
 
 
@@ -28,12 +29,19 @@ class KafkaAdmin:
     def __init__(self, client_config: Mapping[str, str], timeout_s: float = 30.0) -> None:
         self._conf = dict(client_config)
         self._timeout = timeout_s
-        self._admin = AdminClient(self._conf)
+        # Consumer-only settings of kafka.client (isolation.level, fetch.*) would make the
+        # admin client, a producer handle, print a CONFWARN line on every run.
+        self._admin = AdminClient(admin_settings(self._conf))
         self._isolation = (
             IsolationLevel.READ_COMMITTED
             if self._conf.get("isolation.level", "read_committed") == "read_committed"
             else IsolationLevel.READ_UNCOMMITTED
         )
+
+    def _serve_logs(self) -> None:
+        # An admin client's log lines wait in its queue until polled; served here, they go
+        # through the once-per-message logger instead of piling up.
+        self._admin.poll(0)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -46,8 +54,11 @@ class KafkaAdmin:
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
             raise KafkaUnavailableError(
-                f"cannot reach Kafka at {self.bootstrap_servers}: {exc.args[0]}"
+                f"cannot reach Kafka at {self.bootstrap_servers} within {self._timeout:g} s "
+                f"({_reason(exc)})"
             ) from None
+        finally:
+            self._serve_logs()
         result: dict[str, list[int]] = {}
         for topic in topics:
             meta = metadata.topics.get(topic)
@@ -76,8 +87,10 @@ class KafkaAdmin:
                 result[tp.topic][tp.partition] = future.result().offset
         except KafkaException as exc:
             raise KafkaUnavailableError(
-                f"cannot list offsets on {self.bootstrap_servers}: {exc.args[0]}"
+                f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
             ) from None
+        finally:
+            self._serve_logs()
         return result
 
     def watermarks(self, partitions: Mapping[str, list[int]]) -> Watermarks:
@@ -90,6 +103,11 @@ class KafkaAdmin:
 
     def latest(self, partitions: Mapping[str, list[int]]) -> Offsets:
         return self._list_offsets(partitions, OffsetSpec.latest())
+
+    def for_timestamp(self, partitions: Mapping[str, list[int]], timestamp_ms: int) -> Offsets:
+        """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
+        -1 where no record is that recent."""
+        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
         """The group's committed offsets for these partitions (absent when never committed)."""
@@ -106,9 +124,20 @@ class KafkaAdmin:
                     result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         except KafkaException as exc:
             raise KafkaUnavailableError(
-                f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: {exc.args[0]}"
+                f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
+                f"{_reason(exc)}"
             ) from None
+        finally:
+            self._serve_logs()
         return result
+
+
+def _reason(exc: KafkaException) -> str:
+    """librdkafka's own sentence for a failure (``Failed to get metadata: Local: Broker
+    transport failure``), not the ``KafkaError{code=...}`` repr."""
+    error = exc.args[0] if exc.args else exc
+    text = error.str() if hasattr(error, "str") else str(error)
+    return str(text)
 
 
 def lag(latest: Offsets, position: Offsets) -> dict[str, dict[int, int]]:

@@ -15,20 +15,27 @@ if not __package__:
     __package__ = Path(__file__).resolve().parent.name
 
 import argparse
+import importlib
 import logging
 import os
-import signal
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
+from .progress import ProgressListener
 
-log = logging.getLogger(__name__)
+# spark-submit runs this file as __main__: name the logger after the module all the same.
+log = logging.getLogger(f"{__package__}.main" if __name__ == "__main__" else __name__)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=__package__,
-        description="Stream Kafka topics into a Delta table exactly once.",
-    )
+# Subcommands: `<script> offsets show`, ... Each module has `main(argv) -> int`; imported only
+# when asked for, so the run command never loads them.
+SUBCOMMANDS = {
+    "offsets": "commands.offsets",
+    "report": "commands.report",
+}
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the config, shared by the run command and the subcommands."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--env", default="local", help="use conf/<ENV>.yaml (default: local)")
     where.add_argument("--config", type=Path, help="path of a YAML config file")
@@ -36,6 +43,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--consumer-group", help="override kafka.consumer_group")
     parser.add_argument("--table", help="override delta.table (path or URI)")
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=__package__,
+        description="Stream Kafka topics into a Delta table exactly once. Subcommands: "
+        + ", ".join(f"{name} (see `{name} --help`)" for name in SUBCOMMANDS),
+    )
+    add_config_options(parser)
     parser.add_argument(
         "--trigger",
         choices=["available-now", "processing-time"],
@@ -74,14 +90,18 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
             "kafka.consumer_group": args.consumer_group,
             "delta.table": _absolute(args.table),
             "checkpoint": _absolute(args.checkpoint),
-            "trigger.mode": args.trigger.replace("-", "_") if args.trigger else None,
-            "kafka.max_records_per_trigger": args.max_records_per_trigger,
-            "engine": args.engine,
+            # Run options; a subcommand's parser (add_config_options only) has none of them.
+            "trigger.mode": getattr(args, "trigger", None) and args.trigger.replace("-", "_"),
+            "kafka.max_records_per_trigger": getattr(args, "max_records_per_trigger", None),
+            "engine": getattr(args, "engine", None),
         }
     )
 
 
-def build_spark(config: PipelineConfig):
+def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
+    """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
+    logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
+    ``scripts/run_local.sh`` does for spark-submit."""
     # Spark's Python workers must run this interpreter, where the package is importable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf
@@ -92,6 +112,11 @@ def build_spark(config: PipelineConfig):
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
         builder = builder.master(config.spark.master)
+        if log4j_config is not None and log4j_config.is_file():
+            builder = builder.config(
+                "spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}",
+            )
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -102,7 +127,73 @@ def build_spark(config: PipelineConfig):
     return spark
 
 
+def build_listeners(config: PipelineConfig) -> list[ProgressListener]:
+    """What receives each batch's progress, as the config says. The metrics module (and
+    prometheus_client) is imported only when metrics are on. The metrics come first: a port
+    in use stops the run before anything is written."""
+    listeners: list[ProgressListener] = []
+    try:
+        metrics = config.metrics
+        if metrics.exporter != "none":
+            try:
+                from .metrics import MetricsError, PrometheusMetrics
+            except ImportError as exc:
+                raise ConfigError(
+                    f"metrics.exporter {metrics.exporter} needs the package prometheus-client, "
+                    f"which is not installed ({exc})"
+                ) from None
+            try:
+                listeners.append(
+                    PrometheusMetrics(
+                        config.pipeline_id,
+                        http_address=(metrics.host, metrics.port)
+                        if metrics.exporter == "http"
+                        else None,
+                        textfile=Path(metrics.textfile)
+                        if metrics.exporter == "textfile" and metrics.textfile
+                        else None,
+                    )
+                )
+            except MetricsError as exc:
+                raise ConfigError(str(exc)) from None
+        if config.progress.path:
+            from .progress_log import JsonLinesProgress
+
+            try:
+                listeners.append(JsonLinesProgress(Path(config.progress.path)))
+            except OSError as exc:
+                raise ConfigError(
+                    f"progress.path: cannot write {config.progress.path}: {exc.strerror or exc}"
+                ) from None
+    except ConfigError:
+        close_listeners(listeners)
+        raise
+    return listeners
+
+
+def close_listeners(listeners: list[ProgressListener]) -> None:
+    for listener in listeners:
+        try:
+            listener.close()
+        except Exception as exc:
+            log.warning("closing %s failed: %s", type(listener).__name__, exc)
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(f"{__package__}.{SUBCOMMANDS[name]}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.{SUBCOMMANDS[name]}":
+            raise
+        print(f"error: the {name!r} subcommand is not part of this build", file=sys.stderr)
+        return 2
+    return int(module.main(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     args = _parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -114,28 +205,55 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    from .engine import ConnectorMissingError
-    from .pipeline import Pipeline
-
-    spark = build_spark(config)
+    # Before Spark starts: a metrics port in use or a path not writable stops the run at once.
     try:
-        pipeline = Pipeline(spark, config)
-    except ConnectorMissingError as exc:
+        listeners = build_listeners(config)
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    def _graceful(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping after the current micro-batch", signum)
-        pipeline.request_stop()
+    from .preflight import PreflightError, check
 
-    signal.signal(signal.SIGTERM, _graceful)
-    signal.signal(signal.SIGINT, _graceful)
     try:
-        summary = pipeline.run()
-    except Exception as exc:
-        log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
-        return 1
+        check(config)  # before Spark starts: seconds, and one sentence when something is wrong
+    except PreflightError as exc:
+        close_listeners(listeners)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    from .engine import ConnectorMissingError
+    from .graceful_stop import StopSignals
+    from .pipeline import Pipeline
+
+    pipelines: list[Pipeline] = []
+    stop_requested: list[bool] = []
+
+    def on_stop() -> None:
+        stop_requested.append(True)
+        for pipeline in pipelines:
+            pipeline.request_stop()
+
+    # From the start: a signal during the few seconds Spark takes to start also stops cleanly.
+    try:
+        with StopSignals(on_stop) as signals:
+            spark = build_spark(config, _config_path(args).parent / "log4j2.properties")
+            signals.install()  # the SparkContext replaced the SIGINT handler with one of its own
+            signals.forward_from_jvm(spark)
+            try:
+                pipeline = Pipeline(spark, config, listeners=listeners)
+            except ConnectorMissingError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            pipelines.append(pipeline)
+            if stop_requested:
+                pipeline.request_stop()
+            try:
+                summary = pipeline.run()
+            except Exception as exc:
+                log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
+                return 1
+    finally:
+        close_listeners(listeners)
     stats = summary.commit_back
     log.info(
         "done: batches=%d replayed=%d rows=%d delta_version=%s commit_back_ok=%s "

@@ -48,13 +48,18 @@ seq, and reads the copy of the seq the fence txn names: see :mod:`.cluster.commi
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
 METADATA_KEY = "kafka_delta"
+# The folder inside a table where the pipeline keeps what is not Delta's: run leases
+# (run_lease.py) and, for delta-spark, copies of its commit records (cluster/commit_copies.py).
+# Delta's readers and VACUUM skip folders whose names start with "_".
+TABLE_SIDE_FOLDER = "_kafka_delta"
 METADATA_FORMAT = 1
 
 Offsets = dict[str, dict[int, int]]
@@ -140,6 +145,13 @@ class BatchCommit:
     # position (the topic was deleted and recreated) and the config allows skipping
     # (kafka.fail_on_data_loss: false). Recorded in the commit, for the audit trail.
     rewound: tuple[tuple[str, int], ...] = ()
+    # The batch's start offsets as the checkpoint planned them (absent in commits written
+    # before they were recorded): `offsets verify` checks each range begins where the previous
+    # one ended, so a gap or an overlap is found rather than assumed away.
+    start_offsets: Offsets | None = None
+    # Set on the commit an operator's `offsets reset` makes (no data): who, when, why, and
+    # what it moved; see commands/reset.py. A checkpoint older than it must not resume.
+    reset: Mapping[str, object] | None = None
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -152,6 +164,12 @@ class BatchCommit:
                     "seq": self.seq,
                     "offsets": offsets_to_json(self.end_offsets),
                     **({"rewound": [list(tp) for tp in self.rewound]} if self.rewound else {}),
+                    **(
+                        {"start": offsets_to_json(self.start_offsets)}
+                        if self.start_offsets is not None
+                        else {}
+                    ),
+                    **({"reset": dict(self.reset)} if self.reset is not None else {}),
                 }
             },
             separators=(",", ":"),
@@ -159,6 +177,10 @@ class BatchCommit:
 
     def with_seq(self, seq: int) -> BatchCommit:
         return replace(self, seq=seq)
+
+    def starting_at(self, start: Offsets | None) -> BatchCommit:
+        """This batch with its start offsets recorded (None: unknown, nothing recorded)."""
+        return replace(self, start_offsets=start)
 
     def on_top_of(self, stored: StoredOffsets | None) -> BatchCommit:
         """This batch as the sink commits it on top of ``stored``: the pipeline's next ``seq``,
@@ -204,12 +226,20 @@ class StoredOffsets:
     batch_id: int | None
     seq: int = 0
     expired: bool = False
-    user_metadata: str | None = None
+    # The commit's record as written (a copy of it is kept, see cluster/commit_copies.py); not
+    # part of what the offsets are.
+    user_metadata: str | None = field(default=None, compare=False)
+    # The metadata of an operator's reset when the stored offsets come from one (None for a
+    # batch, or when read from txn actions after log cleanup).
+    reset: Mapping[str, object] | None = None
 
     def describe(self) -> str:
         if self.app_id is None:
             return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
-        where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
+        if self.reset is not None:
+            where = f"Delta version {self.delta_version} (a reset {describe_reset(self.reset)})"
+        else:
+            where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
         if self.expired:
             return f"{where}, from the copy of commit {self.seq} of the pipeline (log cleaned up)"
         return where
@@ -242,7 +272,23 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         # Commits written before the fence txn existed carry no seq: they count as 0.
         seq=int(body.get("seq", 0)),
         rewound=tuple((str(t), int(p)) for t, p in body.get("rewound", [])),
+        start_offsets=offsets_from_json(body["start"]) if "start" in body else None,
+        reset=body["reset"] if isinstance(body.get("reset"), dict) else None,
     )
+
+
+def format_ms(epoch_ms: int) -> str:
+    """An epoch time in ms as ``2025-01-01T10:00:00Z`` (UTC, to the second)."""
+    moment = datetime.datetime.fromtimestamp(epoch_ms / 1000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_reset(reset: Mapping[str, object]) -> str:
+    """``by alice@host at 2025-01-01T10:00:00Z to earliest: reason`` for messages."""
+    at = reset.get("at_ms")
+    when = format_ms(at) if isinstance(at, int) else "?"
+    why = f": {reset['reason']}" if reset.get("reason") else ""
+    return f"by {reset.get('by', '?')} at {when} to {reset.get('to', '?')}{why}"
 
 
 def newest_stored(
@@ -259,6 +305,7 @@ def newest_stored(
                 batch_id=record.batch_id,
                 seq=record.seq,
                 user_metadata=str(commit.get("userMetadata")),
+                reset=record.reset,
             )
     return None
 
@@ -281,7 +328,7 @@ def stored_from_transactions(
         raise OffsetsExpiredError(
             f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
             "txn), but Delta log cleanup removed that commit and no copy of it "
-            f"(_kafka_delta/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
+            f"({TABLE_SIDE_FOLDER}/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
             f"table's offset txns are those of the older commit {written_at}, so resuming from "
             "them would read records twice. Nothing was read or written. Set the offsets "
             "explicitly (README, 'Delta log cleanup')."
@@ -296,7 +343,7 @@ def stored_from_transactions(
         raise OffsetsExpiredError(
             f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
             "txn), but Delta log cleanup removed that commit, and neither an offset txn for any "
-            f"of {sorted(partitions)} nor a copy of the commit (_kafka_delta/{pipeline_id}/"
+            f"of {sorted(partitions)} nor a copy of the commit ({TABLE_SIDE_FOLDER}/{pipeline_id}/"
             f"commits/{seq}.json beside the table) is left to say where it ended. Nothing was "
             "read or written. Set the offsets explicitly (README, 'Delta log cleanup'), and keep "
             "delta.logRetentionDuration above the pipeline's longest pause."

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -31,12 +31,14 @@ from .engine import (
     DeadLetterError,
     Engine,
     Sink,
+    SinkResult,
     build_engine,
     latest_per_key,
     unsent_dead_letters,
 )
 from .faults import crash_point
-from .kafka_admin import KafkaAdmin, total_lag
+from .graceful_stop import StopGate
+from .kafka_admin import KafkaAdmin, lag
 from .offsets import (
     BatchCommit,
     Offsets,
@@ -46,6 +48,8 @@ from .offsets import (
     partitions_of,
     total_records,
 )
+from .progress import BatchProgress, ProgressListener
+from .run_lease import RunLease
 from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
 
@@ -86,6 +90,28 @@ def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
     )
 
 
+def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
+    """The Kafka records the batch read, counted by DataFrame.observe on the batch's input
+    while the sink's own job ran (no extra Spark job); None if that count did not arrive
+    within wait_s (a transform that does not read its input).
+
+    Spark delivers the count through its listener bus, a moment after the job that computed it
+    returns: the count is waited for, briefly, rather than taken as missing.
+    """
+    future = getattr(getattr(observation, "_jo", None), "future", None)
+    try:
+        if future is not None:
+            # Observation.get would block for good on a plan that never ran.
+            deadline = time.monotonic() + wait_s
+            while not future().isCompleted():
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.002)
+        return int(observation.get["records"])
+    except Exception:  # progress reporting must never fail a committed batch
+        return None
+
+
 @dataclass
 class RunSummary:
     batches: int = 0
@@ -111,9 +137,11 @@ class Pipeline:
         *,
         exactly_once: bool = True,
         committer: OffsetCommitter | None = None,
+        listeners: Sequence[ProgressListener] = (),
     ) -> None:
         """``exactly_once=False`` turns off txn, stored offsets, fencing and commit-back; it
-        exists only so scripts/bench can measure what they cost."""
+        exists only so scripts/bench can measure what they cost. ``listeners`` receive each
+        batch's :class:`~.progress.BatchProgress` (metrics, the progress file)."""
         self.spark = spark
         self.config = config
         self.exactly_once = exactly_once
@@ -123,13 +151,17 @@ class Pipeline:
         self.admin = KafkaAdmin(config.kafka.client_config())
         self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
+        self.listeners = list(listeners)
+        # Tells this run's lines apart from other runs' in the progress file.
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self._run_records_read = 0
         self._target: Offsets | None = None
         # Offsets the table held when this run started: where batch 0 of a new checkpoint
         # must begin ({} = nothing stored yet).
         self._initial: Offsets = {}
         # The offsets stored as of the last batch of this run (at first, the table's).
         self._known: Offsets = {}
-        self._stop = threading.Event()
+        self._gate = StopGate()
         self._query: StreamingQuery | None = None
 
     # -- set-up -----------------------------------------------------------------------------
@@ -156,7 +188,38 @@ class Pipeline:
                 "table, or delete the checkpoint to re-read from "
                 f"{self.config.kafka.starting_offsets} offsets."
             )
+        self.checkpoint.refuse_if_older_than(stored, self.config.delta.table)
         return stored
+
+    def _log_resume_point(self, stored: StoredOffsets | None) -> None:
+        """Say where this run starts: Spark resumes from its checkpoint once it planned a batch
+        there (the table's offsets are then only checked against every batch); a new checkpoint
+        starts from the offsets the table stores, or at ``starting_offsets`` without any."""
+        where = (
+            f"table {self.config.delta.table} stores offsets of pipeline "
+            f"{self.config.pipeline_id!r} at {stored.describe()}"
+            if stored is not None
+            else f"table {self.config.delta.table} holds no offsets of pipeline "
+            f"{self.config.pipeline_id!r}"
+        )
+        if self.checkpoint.has_plan():
+            log.info(
+                "resuming from checkpoint %s (Spark's offset log decides where); %s, checked "
+                "against every batch",
+                self.config.checkpoint,
+                where,
+            )
+        elif stored is not None:
+            log.info(
+                "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
+            )
+        else:
+            log.info(
+                "new checkpoint %s: starting at %s offsets; %s",
+                self.config.checkpoint,
+                self.config.kafka.starting_offsets,
+                where,
+            )
 
     @property
     def sink(self) -> Sink:
@@ -170,31 +233,7 @@ class Pipeline:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
-        resumed = self.checkpoint.has_progress()
-        if stored is None:
-            log.info(
-                "no offsets of pipeline %r in %s; the new checkpoint starts at %s offsets",
-                self.config.pipeline_id,
-                self.config.delta.table,
-                self.config.kafka.starting_offsets,
-            )
-        elif resumed:
-            log.info(
-                "resuming from checkpoint %s; table %s holds offsets of pipeline %r at %s, "
-                "checked against every batch",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
-        else:
-            log.info(
-                "new checkpoint %s resumes from the offsets table %s holds for pipeline %r at %s",
-                self.config.checkpoint,
-                self.config.delta.table,
-                self.config.pipeline_id,
-                stored.describe(),
-            )
+        self._log_resume_point(stored)
         if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
@@ -211,7 +250,7 @@ class Pipeline:
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
-            .foreachBatch(self._process_batch)
+            .foreachBatch(self._gated_batch)
         )
         if self.config.trigger.mode == "available_now":
             self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
@@ -234,9 +273,10 @@ class Pipeline:
             query_id = None
         return query_id or self.checkpoint.query_id() or ""
 
-    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> None:
+    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit the batch's dead letters, idempotently and before the main commit, so a
-        crash between the two never loses a bad record (a replay finds them committed)."""
+        crash between the two never loses a bad record (a replay finds them committed).
+        Returns how many this call sent (0 when an earlier run already had)."""
         if self.dead_letter_sink is None:
             first = dead.slice(0, 1).to_pylist()[0]
             raise DeadLetterError(
@@ -266,7 +306,7 @@ class Pipeline:
                 dead.num_rows,
                 table,
             )
-            return
+            return 0
         result = self.dead_letter_sink.commit_batch(dead_letter_records(df, unsent), commit)
         if result.written:
             log.warning(
@@ -277,9 +317,12 @@ class Pipeline:
             )
         else:
             log.info(
-                "replayed batch %d: its dead letters are already in %s", commit.batch_id, table
+                "replayed batch %d: its dead letters are already in %s: nothing sent",
+                commit.batch_id,
+                table,
             )
         crash_point("after_dead_letters")
+        return unsent.num_rows if result.written else 0
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
         """Where the batch really begins, as the checkpoint planned it: the previous batch's
@@ -346,6 +389,17 @@ class Pipeline:
             )
         return rewound
 
+    def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
+        """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
+        stopped if a stop was requested (see :mod:`.graceful_stop`)."""
+        self._gate.enter()
+        succeeded = False
+        try:
+            self._process_batch(df, batch_id)
+            succeeded = True
+        finally:
+            self._gate.leave(batch_id, succeeded=succeeded)
+
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         end = self.checkpoint.end_offsets(batch_id)
@@ -359,21 +413,25 @@ class Pipeline:
             end_offsets=end,
             rewound=self._rewound(end) if self.exactly_once else (),
         )
-        out = self.transform(df)
+        observation = Observation()
+        out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
         if self.config.delta.mode == "upsert":
             out = out.transform(
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
             )
         batch = self.sink.materialize(out)
+        dead_sent = 0
         try:
             start = self._batch_start(batch_id, end) if self.exactly_once else None
+            commit = commit.starting_at(start)  # recorded for `offsets verify`
             # Fencing first: a run that may not commit this batch writes no dead letters either.
             # Without dead letters the main commit's own checks suffice: no second table read.
             dead = batch.dead is not None
             replay = dead and self.exactly_once and self.sink.check(commit, start)
+            dead_sent = 0
             if dead and not replay:
-                self._dead_letters(df, batch.dead, commit)
-                self.summary.dead_letters += batch.dead.num_rows
+                dead_sent = self._dead_letters(df, batch.dead, commit)
+                self.summary.dead_letters += dead_sent
             crash_point("before_delta_commit")
             if self.exactly_once:
                 result = self.sink.commit_batch(batch.rows, commit, start=start)
@@ -400,58 +458,132 @@ class Pipeline:
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
-        self._log_progress(
-            batch_id, result.rows, result.written, result.delta_version, end, elapsed, hook_ms
+        progress = self._progress(
+            batch_id, records_read(observation), result, dead_sent, end, elapsed, hook_ms
         )
+        self._log_progress(progress)
+        for listener in self.listeners:
+            try:
+                listener.on_batch(progress)
+            except Exception as exc:  # monitoring must never fail a committed batch
+                log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
 
-    def _log_progress(
+    def _progress(
         self,
         batch_id: int,
-        rows: int,
-        written: bool,
-        delta_version: int | None,
+        records_read: int | None,
+        result: SinkResult,
+        dead_letters: int,
         end: Offsets,
         elapsed: float,
         hook_ms: float,
-    ) -> None:
+    ) -> BatchProgress:
+        """The batch's figures, built once: logged, then handed to the listeners."""
+        behind: Offsets | None = None
+        lag_error: str | None = None
         try:
-            latest = self.admin.latest({t: sorted(parts) for t, parts in end.items()})
-            behind: int | str = total_lag(latest, end)
+            behind = lag(self.admin.latest({t: sorted(parts) for t, parts in end.items()}), end)
         except Exception as exc:  # progress reporting must never fail a committed batch
-            behind = f"unknown ({exc})"
+            lag_error = str(exc)
         stats = self.committer.stats() if self.committer is not None else None
-        target = (
-            f" to_target={total_records(end, self._target)}" if self._target is not None else ""
+        self._run_records_read += records_read or 0
+        return BatchProgress(
+            pipeline_id=self.config.pipeline_id,
+            run_id=self.run_id,
+            batch_id=batch_id,
+            finished_at=time.time(),
+            duration_s=elapsed,
+            records_read=records_read,
+            rows_written=result.rows,
+            dead_letters=dead_letters,
+            replayed=not result.written,
+            delta_version=result.delta_version,
+            end_offsets=end,
+            lag=behind,
+            lag_error=lag_error,
+            to_target=None if self._target is None else total_records(end, self._target),
+            run_records_read=self._run_records_read,
+            commit_back_ok=stats.succeeded if stats else None,
+            commit_back_failed=stats.failed if stats else None,
+            hook_ms=hook_ms,
         )
+
+    def _log_progress(self, p: BatchProgress) -> None:
+        behind = p.behind_latest if p.lag is not None else f"unknown ({p.lag_error})"
+        read = "unknown" if p.records_read is None else p.records_read
+        # Run until caught up: how far along this run is, as it goes.
+        target = (
+            f" to_target={p.to_target} done={100 * p.target_done:.0f}%"
+            if p.to_target is not None and p.target_done is not None
+            else ""
+        )
+        back = (
+            f"commit_back_ok={'off' if p.commit_back_ok is None else p.commit_back_ok} "
+            f"commit_back_failed={'off' if p.commit_back_failed is None else p.commit_back_failed}"
+        )
+        if p.replayed:
+            # I2: the batch is already in the table (a restart after the Delta commit and
+            # before Spark's); its dead letters were committed before it, or not needed.
+            log.info(
+                "replayed batch %d: nothing written (already in the table) records_read=%s "
+                "behind_latest=%s%s %s",
+                p.batch_id,
+                read,
+                behind,
+                target,
+                back,
+            )
+            return
         log.info(
-            "batch=%d records=%d records_per_s=%.0f delta_version=%s behind_latest=%s%s "
-            "commit_back_ok=%s commit_back_failed=%s hook_ms=%.2f",
-            batch_id,
-            rows,
-            rows / elapsed if elapsed > 0 else 0.0,
-            delta_version if written else "replayed",
+            "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f",
+            p.batch_id,
+            read,
+            p.rows_written,
+            p.dead_letters,
+            p.records_per_s,
+            p.delta_version,
             behind,
             target,
-            stats.succeeded if stats else "off",
-            stats.failed if stats else "off",
-            hook_ms,
+            back,
+            p.hook_ms,
         )
 
     # -- running ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
         """Stop after the current micro-batch (safe from a signal handler)."""
-        self._stop.set()
+        self._gate.request()
 
     def run(self) -> RunSummary:
+        # The run lease tells `offsets reset` (another process) that this pipeline is running.
+        with RunLease.hold(self.config, lambda: self._query.id if self._query else None):
+            return self._run()
+
+    def _run(self) -> RunSummary:
+        if self._gate.requested:
+            log.info("stop requested before the query started: nothing to do")
+            return self.summary
         query = self.start()
         try:
-            while query.isActive and not self._stop.is_set():
-                query.awaitTermination(0.5)
-            if query.isActive:
-                query.stop()
-            query.awaitTermination()  # re-raises the query's failure, if any
+            while query.isActive:
+                if self._gate.requested and self._gate.stop_when_safe(query):
+                    break
+                # Once stopping, look often: the gap between Spark recording a batch and
+                # planning the next one is where the stop belongs.
+                query.awaitTermination(0.005 if self._gate.requested else 0.5)
+            try:
+                query.awaitTermination()  # re-raises the query's failure, if any
+            except Exception as exc:
+                if not self._gate.stopped_by_gate(exc):
+                    raise
+                log.info("a batch planned while stopping was left for the next run")
         finally:
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()
+            for listener in self.listeners:
+                try:
+                    listener.on_run_end(self.summary.commit_back)
+                except Exception as exc:
+                    log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
         return self.summary

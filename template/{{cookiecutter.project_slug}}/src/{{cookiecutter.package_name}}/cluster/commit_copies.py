@@ -44,18 +44,17 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from ..offsets import StoredOffsets, parse_user_metadata
+from ..offsets import TABLE_SIDE_FOLDER, StoredOffsets, parse_user_metadata
 
 log = logging.getLogger(__name__)
 
-FOLDER = "_kafka_delta"
 # Copies older than this many commits of the pipeline are deleted; only the newest is ever
 # read, the others serve whoever inspects the table.
 KEEP = 100
 
 
 def commits_folder(table_uri: str, pipeline_id: str) -> str:
-    return f"{table_uri.rstrip('/')}/{FOLDER}/{pipeline_id}/commits"
+    return f"{table_uri.rstrip('/')}/{TABLE_SIDE_FOLDER}/{pipeline_id}/commits"
 
 
 def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
@@ -70,7 +69,13 @@ def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
     if record is None or record.seq != seq:
         return None
     return StoredOffsets(
-        record.end_offsets, version, record.app_id, record.batch_id, record.seq, expired=True
+        record.end_offsets,
+        version,
+        record.app_id,
+        record.batch_id,
+        record.seq,
+        expired=True,
+        reset=record.reset,
     )
 
 

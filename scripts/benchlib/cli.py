@@ -1,0 +1,123 @@
+"""The benchmark's options, parsed once into the namespace every part reads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .rows import ROW_NAMES
+from .sweep import FULL_RECORDS, SWEEP_PARTITIONS, scaled_batch_sizes
+
+REPO = Path(__file__).resolve().parents[2]
+JARS_ENV = "KAFKA_DELTA_JARS"
+# Where the build machines keep Delta Lake jars compiled for Spark 4.2 (.ci/run uses the same).
+SHARED_JARS = REPO.parent / "shared" / "jars" / "delta-4.4.0"
+RSS_BATCH_SIZES = (50_000, 1_000_000)
+
+
+def default_batch_size(records: int) -> int:
+    """Five batches: four steady ones after the first, capped at the template's 500k."""
+    return max(100, min(500_000, records // 5))
+
+
+def default_delta_jars() -> str | None:
+    """$KAFKA_DELTA_JARS (as the generated tests' conftest reads it), else the build machines'
+    shared folder when it exists; None: row 6 reports that it has no jars."""
+    configured = os.environ.get(JARS_ENV)
+    if configured:
+        return configured
+    return str(SHARED_JARS) if SHARED_JARS.is_dir() else None
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=FULL_RECORDS, help="N (default 1M)")
+    parser.add_argument("--partitions", type=int, default=4, help="P (default 4)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="records per batch / max_records_per_trigger (default records/5, at most 500k)",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of rows 4-5 (median shown)")
+    parser.add_argument(
+        "--rows",
+        type=_int_list,
+        default=sorted(ROW_NAMES),
+        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-6; the last line "
+        "shows nan for what was not measured)",
+    )
+    parser.add_argument(
+        "--delta-jars",
+        default=default_delta_jars(),
+        help=f"folder of delta-spark jars for row 6 (default ${JARS_ENV}, else {SHARED_JARS} "
+        "when it exists)",
+    )
+    sweep = parser.add_argument_group("sweep (batch fixed cost and marginal cost per record)")
+    sweep.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the batch-size x partitions sweep (default on)",
+    )
+    sweep.add_argument(
+        "--sweep-batch-sizes", type=_int_list, help="default 10k..500k, scaled to --sweep-records"
+    )
+    sweep.add_argument(
+        "--sweep-partitions", type=_int_list, default=list(SWEEP_PARTITIONS), help="default 1,4,16"
+    )
+    sweep.add_argument("--sweep-records", type=int, help="records per sweep point (default N)")
+    mem = parser.add_argument_group("driver memory")
+    mem.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the driver's peak RSS per batch size, and over many batches (default on)",
+    )
+    mem.add_argument(
+        "--rss-batch-sizes",
+        type=_int_list,
+        default=list(RSS_BATCH_SIZES),
+        help="batch sizes whose driver peak RSS is compared (default 50000,1000000; "
+        "driver_rss_ratio = largest / smallest)",
+    )
+    mem.add_argument("--rss-batches", type=int, default=2, help="batches per RSS point (default 2)")
+    mem.add_argument(
+        "--memory-batches",
+        type=int,
+        default=50,
+        help="batches of the run that checks the driver's memory stays flat (default 50, 0: off)",
+    )
+    mem.add_argument(
+        "--memory-batch-size", type=int, default=10_000, help="its batch size (default 10000)"
+    )
+    parser.add_argument(
+        "--consumers", type=int, default=os.cpu_count() or 1, help="row 1 processes (cores)"
+    )
+    parser.add_argument("--spark-master", default="local[2]", help="default local[2]")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / ".bench", help="bench.csv, bench.png, logs/ go here"
+    )
+    parser.add_argument("--keep-tables", action="store_true", help="keep the Delta tables")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
+    args = parser.parse_args(argv)
+    if args.records < 2 or args.partitions < 1 or args.repeats < 1:
+        parser.error("--records must be >= 2, --partitions and --repeats >= 1")
+    if unknown := sorted(set(args.rows) - set(ROW_NAMES)):
+        parser.error(f"--rows: no row {unknown}; rows are {min(ROW_NAMES)}-{max(ROW_NAMES)}")
+    if args.rss_batches < 1 or args.memory_batches < 0 or args.memory_batch_size < 1:
+        parser.error("--rss-batches and --memory-batch-size must be >= 1, --memory-batches >= 0")
+    args.batch_size = args.batch_size or default_batch_size(args.records)
+    args.sweep_records = args.sweep_records or args.records
+    args.sweep_batch_sizes = args.sweep_batch_sizes or scaled_batch_sizes(args.sweep_records)
+    args.rss_batch_sizes = sorted(set(args.rss_batch_sizes))
+    return args

@@ -1,0 +1,364 @@
+"""What a run prints and writes: the table, the derived figures (fits, memory, start-up), the
+CSV, the chart, and the machine-checkable last line."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import memory
+from .rows import REPEATED, TIME_SPLIT, Row, summary_rows
+from .startup import PHASES, column
+from .sweep import FIT_PARTITIONS, Fit, fit_batch_cost
+
+NAN = float("nan")
+# The last line's figures, in order, with their formats (nan: not measured by this run).
+HEADLINE = {
+    "pipeline_rps": "{:.0f}",
+    "simple_ingest_rps": "{:.0f}",
+    "ratio_to_simple": "{:.4f}",
+    "batch_fixed_s": "{:.3f}",
+    "us_per_record": "{:.2f}",
+    "startup_s": "{:.1f}",
+    "overhead_pct": "{:.2f}",
+    "driver_rss_ratio": "{:.3f}",
+    "delta_spark_rps": "{:.0f}",
+}
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+@dataclass
+class Results:
+    args: argparse.Namespace
+    rows: list[Row] = field(default_factory=list)  # rows 1-6, repeats included
+    sweep: list[Row] = field(default_factory=list)
+    memory: list[Row] = field(default_factory=list)  # RSS points, then the many-batch run
+    problems: list[str] = field(default_factory=list)
+
+
+# -- derived figures ------------------------------------------------------------------------
+
+
+def fits(results: Results) -> dict[int, Fit]:
+    """Per partition count: the line through the sweep's (records per batch, s per batch)."""
+    out = {}
+    for partitions in sorted({r.partitions for r in results.sweep}):
+        points = [
+            (r.extra["steady_records_per_batch"], r.extra["steady_s_per_batch"])
+            for r in results.sweep
+            if r.partitions == partitions and "steady_s_per_batch" in r.extra and r.verified
+        ]
+        fit = fit_batch_cost(partitions, points)
+        if fit is not None:
+            out[partitions] = fit
+    return out
+
+
+def _rps(rows: dict[int, Row], number: int) -> float:
+    row = rows.get(number)
+    return row.rps if row is not None and not row.skipped and row.rps > 0 else NAN
+
+
+def headline(results: Results) -> dict[str, float]:
+    """The last line's figures; nan for what this run did not measure."""
+    rows = {r.number: r for r in summary_rows(results.rows)}
+    pipeline, simple, off = _rps(rows, 4), _rps(rows, 3), _rps(rows, 5)
+    fit = fits(results).get(FIT_PARTITIONS)
+    startup = rows[4].startup_s if 4 in rows and rows[4].startup_s is not None else NAN
+    peaks = {
+        r.batch_size: r.extra.get("driver_peak_mb")
+        for r in results.memory
+        if r.batch_size and "driver_peak_mb" in r.extra
+    }
+    return {
+        "pipeline_rps": pipeline,
+        "simple_ingest_rps": simple,
+        "ratio_to_simple": pipeline / simple,
+        "batch_fixed_s": fit.fixed_s if fit else NAN,
+        "us_per_record": fit.us_per_record if fit else NAN,
+        "startup_s": startup,
+        "overhead_pct": (off - pipeline) / off * 100,
+        "driver_rss_ratio": memory.peak_ratio(peaks),
+        "delta_spark_rps": _rps(rows, 6),
+    }
+
+
+def last_line(results: Results) -> str:
+    figures = headline(results)
+    return "bench: " + " ".join(
+        f"{key}={'nan' if math.isnan(figures[key]) else form.format(figures[key])}"
+        for key, form in HEADLINE.items()
+    )
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+def print_table(results: Results) -> None:
+    a = results.args
+    rows = summary_rows(results.rows)
+    simple = next((r.rps for r in rows if r.number == 3 and r.rps > 0), 0.0)
+    say("")
+    say(
+        f"{a.records:,} JSON events (~75 bytes) over {a.partitions} partitions, batch "
+        f"{a.batch_size:,} records, {os.cpu_count()} cores, Spark {a.spark_master}, "
+        "embedded Tansu broker"
+    )
+    header = (
+        f"{'#':>2}  {'run':<54}{'records/s':>11}{'x simple':>9}{'wall s':>8}{'start-up s':>11}"
+        f"{'driver MB':>10}{'JVM MB':>8}{'tree MB':>9}{'batches':>8}  table / check"
+    )
+    say(header)
+    say("-" * len(header))
+    for r in rows:
+        if r.skipped:
+            say(f"{r.number:>2}  {r.name:<54}{'-':>11}  {r.skipped}")
+            continue
+        say(
+            f"{r.number:>2}  {r.name:<54}{r.rps:>11,.0f}"
+            f"{(f'{r.rps / simple:.2f}' if simple else '-'):>9}{r.wall_s:>8.1f}"
+            f"{_fmt(r.startup_s, '{:.1f}'):>11}{_fmt(r.extra.get('driver_peak_mb'), '{:,.0f}'):>10}"
+            f"{_fmt(r.extra.get('jvm_peak_mb'), '{:,.0f}'):>8}{r.peak_rss_mb:>9,.0f}"
+            f"{(r.batches or '-'):>8}  {r.check}"
+        )
+    for r in rows:
+        split = {k: r.extra.get(k) for k in TIME_SPLIT}
+        total = sum(v for v in split.values() if v)
+        if r.number >= min(REPEATED) and total > 0:
+            say(
+                f"row {r.number} steady batches, where the time goes: "
+                + ", ".join(
+                    f"{label} {(split[key] or 0) / total:.0%}" for key, label in TIME_SPLIT.items()
+                )
+                + f" (of {total:.1f}s)"
+            )
+        phases = {p: r.extra[column(p)] for p, _ in PHASES if column(p) in r.extra}
+        if phases and r.startup_s is not None:
+            say(
+                f"row {r.number} start-up {r.startup_s:.1f}s: "
+                + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items())
+            )
+    notes = [f"{r.number}: {r.note}" for r in rows if r.note]
+    if notes:
+        say("notes: " + "; ".join(notes))
+    _print_fits(results)
+    _print_memory(results)
+    say(
+        "records/s: steady state, from the first committed batch to the end (row 1: from "
+        "creating the consumers); start-up: process start to first committed batch (row 2: "
+        "from rows ready); driver MB: peak RSS (VmHWM) of the pipeline's Python driver process, "
+        "JVM MB: of the JVM it started (in local mode it also runs the tasks); tree MB: sampled "
+        "peak of the whole process tree."
+    )
+
+
+def _print_fits(results: Results) -> None:
+    for partitions, fit in fits(results).items():
+        marginal = (
+            f"~{fit.marginal_rps:,.0f} records/s marginal"
+            if fit.us_per_record > 0
+            else "a slope that is not positive: the points are noise, not a cost"
+        )
+        say(
+            f"sweep fit, {partitions} partition{'s' if partitions > 1 else ''}: batch fixed cost "
+            f"{fit.fixed_s:.3f}s + {fit.us_per_record:.2f} us/record ({marginal}), least "
+            f"squares over {fit.points} points"
+        )
+
+
+def _print_memory(results: Results) -> None:
+    peaks = {
+        r.batch_size: r.extra.get("driver_peak_mb")
+        for r in results.memory
+        if "driver_peak_mb" in r.extra
+    }
+    if peaks:
+        say(
+            "driver peak RSS (Python driver): "
+            + ", ".join(
+                f"{_fmt(v, '{:,.0f}')} MB at {s:,}-record batches" for s, v in peaks.items()
+            )
+            + f"; ratio {memory.peak_ratio(peaks):.3f}"
+        )
+    for r in results.memory:
+        if "driver_rss_first_mb" in r.extra:
+            say(
+                f"driver RSS over {r.batches} batches of {r.batch_size:,}: Python "
+                f"{r.extra['driver_rss_first_mb']:,.0f} -> {r.extra['driver_rss_last_mb']:,.0f} MB "
+                f"({r.extra['driver_rss_growth_pct']:+.1f}%)"
+                + (
+                    f", JVM {r.extra['jvm_rss_first_mb']:,.0f} -> {r.extra['jvm_rss_last_mb']:,.0f}"
+                    f" MB ({r.extra['jvm_rss_growth_pct']:+.1f}%)"
+                    if "jvm_rss_first_mb" in r.extra
+                    else ""
+                )
+                + " (after the first batch vs after the last)"
+            )
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+# -- files ----------------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "section",
+    "row",
+    "name",
+    "repeat",
+    "records",
+    "partitions",
+    "batch_size",
+    "records_per_s",
+    "busy_records_per_s",
+    "wall_s",
+    "startup_s",
+    "peak_rss_mb",
+    "batches",
+    "rows_out",
+    "distinct_ids",
+    "verified",
+    "note",
+)
+
+
+def write_csv(results: Results, out: Path) -> Path:
+    """Every row of every section (main, sweep, memory), and one ``fit`` row per partition
+    count; row-specific figures as extra columns."""
+    fit_rows = [
+        Row(
+            0,
+            f"fit p={p}",
+            0,
+            rps=f.marginal_rps,
+            partitions=p,
+            verified=True,
+            extra={
+                "batch_fixed_s": round(f.fixed_s, 4),
+                "us_per_record": round(f.us_per_record, 3),
+                "fit_points": f.points,
+            },
+        )
+        for p, f in fits(results).items()
+    ]
+    sections = (
+        ("main", results.rows),
+        ("sweep", results.sweep),
+        ("fit", fit_rows),
+        ("memory", results.memory),
+    )
+    extra_keys = sorted({k for _, rows in sections for r in rows for k in r.extra})
+    path = out / "bench.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*CSV_COLUMNS, *extra_keys])
+        for section, rows in sections:
+            for r in rows:
+                writer.writerow(
+                    [
+                        section,
+                        r.number or "",
+                        r.name,
+                        r.repeat,
+                        r.records,
+                        r.partitions,
+                        r.batch_size or "",
+                        round(r.rps, 1),
+                        "" if r.busy_rps is None else round(r.busy_rps, 1),
+                        round(r.wall_s, 3),
+                        "" if r.startup_s is None else round(r.startup_s, 3),
+                        round(r.peak_rss_mb, 1) if r.peak_rss_mb else "",
+                        r.batches,
+                        r.rows_out,
+                        "" if r.distinct_ids is None else r.distinct_ids,
+                        "skipped" if r.skipped else r.verified,
+                        r.skipped or r.note,
+                        *[r.extra.get(k, "") for k in extra_keys],
+                    ]
+                )
+    return path
+
+
+def write_chart(results: Results, out: Path) -> Path | None:
+    if not results.sweep and not results.rows:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+    except ImportError:
+        say("    (matplotlib is not installed: no chart)")
+        return None
+    a = results.args
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for partitions in sorted({r.partitions for r in results.sweep}):
+        points = sorted(
+            (r.batch_size or 0, r.rps) for r in results.sweep if r.partitions == partitions
+        )
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            label=f"pipeline, {partitions} partition{'s' if partitions > 1 else ''}",
+        )
+    summary = {r.number: r for r in summary_rows(results.rows) if r.rps > 0 and not r.skipped}
+    styles = {1: ("raw consume limit", "k", "--"), 3: ("simple ingest", "tab:gray", ":")}
+    for number, (label, color, style) in styles.items():
+        if number in summary:
+            ax.axhline(summary[number].rps, color=color, linestyle=style, label=label)
+    for number, marker, color, label in (
+        (4, "*", "tab:red", "pipeline row 4, delta-rs"),
+        (6, "D", "tab:purple", "pipeline row 6, delta-spark"),
+    ):
+        if number in summary:
+            ax.plot(
+                [summary[number].batch_size],
+                [summary[number].rps],
+                marker=marker,
+                markersize=14 if marker == "*" else 9,
+                color=color,
+                linestyle="none",
+                label=f"{label} ({a.partitions} partitions)",
+            )
+    ax.set_xscale("log")
+    sizes = sorted({r.batch_size for r in results.sweep if r.batch_size}) or [a.batch_size]
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
+    ax.set_xlabel("batch size (max_records_per_trigger, records)")
+    plotted = [r.rps for r in results.sweep if r.rps > 0] + [r.rps for r in summary.values()]
+    if plotted and max(plotted) > 10 * min(plotted):
+        # The limits sit far above the pipeline: a log scale keeps both readable.
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel("records/s (steady state, log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("records/s (steady state)")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
+    ax.set_title(f"Kafka -> Delta, {os.cpu_count()} cores, {a.sweep_records:,} records/point")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "bench.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _short(value: float) -> str:
+    """10000 -> 10k, 1500000 -> 1.5M (chart ticks)."""
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:g}{suffix}"
+    return f"{value:g}"

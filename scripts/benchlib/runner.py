@@ -1,0 +1,453 @@
+"""The orchestrator: renders a project, starts the embedded broker, produces the topics, runs
+each measurement in its own worker process, and turns the workers' records into rows."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import memory, startup
+from .cli import JARS_ENV, REPO
+from .procs import WorkerError, run_worker
+from .report import Results, print_table, say, write_chart, write_csv
+from .report import last_line as format_last_line
+from .rows import REPEATED, ROW_NAMES, Row, busy_rate, steady, time_split, verify_table
+from .spark_run import BATCH
+from .sweep import steady_batch_cost
+
+DELTA_SPARK_ENGINE = {"source": "embedded", "sink": "delta_spark"}
+RSS_KEYS = ("driver_rss_first", "driver_rss_last", "jvm_rss_first", "jvm_rss_last")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out: Path = args.out.resolve()
+        self.results = Results(args)
+        self.topics: dict[tuple[int, int], str] = {}
+
+    @property
+    def problems(self) -> list[str]:
+        return self.results.problems
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        from cookiecutter.main import cookiecutter
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        for sub in ("project", "tables", "checkpoints", "logs"):
+            shutil.rmtree(self.out / sub, ignore_errors=True)
+        (self.out / "logs").mkdir()
+        project = Path(
+            cookiecutter(
+                str(REPO / "template"),
+                no_input=True,
+                config_file=str(REPO / "conf" / "embedded-local.yaml"),
+                output_dir=str(self.out / "project"),
+            )
+        )
+        (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
+        self.src, self.package = str(project / "src"), package
+        sys.path.insert(0, self.src)
+        self.broker_mod = importlib.import_module(f"{package}.devtools.broker")
+        self.produce_mod = importlib.import_module(f"{package}.devtools.produce")
+        self.admin_mod = importlib.import_module(f"{package}.kafka_admin")
+        # Spark's Python workers import the package by name and must run this interpreter.
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.env["PYTHONPATH"] = self.src
+        self.env["PYSPARK_PYTHON"] = sys.executable
+        self.env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    def delta_jars(self) -> tuple[list[str], str]:
+        """(jars for row 6, "") or ([], why there are none): the generated project's own
+        reading of a jar folder (engine.local_connector_jars), as its tests' conftest does."""
+        folder = self.args.delta_jars
+        if not folder:
+            return [], f"no delta-spark jars (set {JARS_ENV}=<folder of jars> or --delta-jars)"
+        engine = importlib.import_module(f"{self.package}.engine")
+        try:
+            return engine.local_connector_jars(folder), ""
+        except engine.ConnectorMissingError as exc:
+            return [], f"no delta-spark jars: {exc}"
+
+    def topic(self, records: int, partitions: int) -> tuple[str, dict[int, int]]:
+        """A topic holding ``records`` events over ``partitions``, produced once per run."""
+        key = (records, partitions)
+        name = self.topics.get(key)
+        if name is None:
+            name = f"bench-n{records}-p{partitions}"
+            started = time.perf_counter()
+            self.produce_mod.ensure_topics(self.bootstrap, [name], partitions)
+            self.produce_mod.produce_events(self.bootstrap, [name], records)
+            say(
+                f"    produced {records:,} events to {name} ({partitions} partitions) in "
+                f"{time.perf_counter() - started:.1f}s"
+            )
+            self.topics[key] = name
+        admin = self.admin_mod.KafkaAdmin({"bootstrap.servers": self.bootstrap})
+        latest = admin.latest({name: list(range(partitions))})[name]
+        return name, latest
+
+    def spec(self, topic: str, ends: dict[int, int], **extra: Any) -> dict[str, Any]:
+        return {
+            "src": self.src,
+            "package": self.package,
+            "bootstrap": self.bootstrap,
+            "topic": topic,
+            "ends": {str(p): o for p, o in ends.items()},
+            "batch_size": self.args.batch_size,
+            "master": self.args.spark_master,
+            **extra,
+        }
+
+    def point(self, label: str, topic: str, batch_size: int, **extra: Any) -> dict[str, Any]:
+        """One pipeline run of a sweep or memory worker."""
+        return {
+            "name": label,
+            "topic": topic,
+            "batch_size": batch_size,
+            "table": str(self.out / "tables" / label),
+            "checkpoint": str(self.out / "checkpoints" / label),
+            "exactly_once": True,
+            **extra,
+        }
+
+    def session_spec(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "src": self.src,
+            "package": self.package,
+            "bootstrap": self.bootstrap,
+            "master": self.args.spark_master,
+            **extra,
+        }
+
+    # -- the main rows ----------------------------------------------------------------------
+
+    def measure(self, row: Row, kind: str, spec: dict[str, Any], table: Path | None) -> Row:
+        label = f"{row.number}-{kind}" + (f"-{row.repeat}" if row.repeat else "")
+        say(f"==> {row.number}. {row.name}" + (f" (run {row.repeat + 1})" if row.repeat else ""))
+        try:
+            result, started, sampler = run_worker(
+                kind, spec, self.out, label, self.env, self.args.timeout
+            )
+        except WorkerError as exc:
+            row.check = "FAILED"
+            self.problems.append(str(exc))
+            say(f"    {exc}")
+            return row
+        batches = result.get("batches") or []
+        row.rows_out = int(result["rows"])
+        row.batches = len(batches)
+        row.peak_rss_mb = sampler.peak_rss_mb
+        row.note = result.get("note", "")
+        if kind == "consume":
+            span = result["end"] - result["clock_start"]
+            row.rps = row.rows_out / span if span > 0 else 0.0
+            row.startup_s = result["first_records"] - started
+            row.wall_s = result["end"] - started
+        else:
+            row.rps, first_end = steady(batches)
+            # Row 2 starts its clock once its rows are parsed; the others at process start.
+            begin = result["begin"] if kind == "write" else started
+            if row.batches == 1:  # no steady state: the one batch, start-up included
+                row.rps = row.rows_out / (batches[0][0] - begin)
+                row.note = "; ".join(filter(None, (row.note, "1 batch, no steady state")))
+            row.startup_s = first_end - begin if first_end else None
+            finished = max(result.get("end", 0.0), batches[-1][0] if batches else 0.0)
+            row.wall_s = finished - begin
+            if kind == "pipeline":
+                self._pipeline_figures(row, result, started, first_end, label)
+            if len(batches) > 1:
+                row.extra["rss_after_first_batch_mb"] = _round(sampler.rss_mb_at(batches[0][0]))
+                row.extra["rss_after_last_batch_mb"] = _round(sampler.rss_mb_at(batches[-1][0]))
+        self.check(row, table)
+        say(
+            f"    {row.rps:,.0f} records/s steady, {row.wall_s:.1f}s wall, start-up "
+            f"{_fmt(row.startup_s, '{:.1f}s')}, peak RSS {row.peak_rss_mb:,.0f} MB (tree)"
+            + (
+                f", driver {_fmt(row.extra.get('driver_peak_mb'), '{:,.0f}')} MB Python + "
+                f"{_fmt(row.extra.get('jvm_peak_mb'), '{:,.0f}')} MB JVM"
+                if kind == "pipeline"
+                else ""
+            )
+            + f", {row.check}"
+        )
+        return row
+
+    def _pipeline_figures(
+        self, row: Row, result: dict[str, Any], started: float, first_end: float | None, label: str
+    ) -> None:
+        batches = result["batches"]
+        row.busy_rps = busy_rate(batches)
+        row.extra.update(time_split(batches))
+        row.extra["driver_peak_mb"] = _round(result.get("driver_peak_mb"))
+        row.extra["jvm_peak_mb"] = _round(result.get("jvm_peak_mb"))
+        row.extra["spark_session_s"] = round(result.get("spark_session_s", 0.0), 2)
+        row.extra["run_start_to_first_batch_s"] = (
+            round(first_end - result["begin"], 2) if first_end else None
+        )
+        log = (self.out / "logs" / f"{label}.log").read_text(errors="replace").splitlines()
+        for phase, seconds in startup.phases(log, started).items():
+            row.extra[startup.column(phase)] = seconds
+        row.extra["commit_back_ok"] = result.get("commit_back_ok")
+        row.extra["commit_back_failed"] = result.get("commit_back_failed")
+
+    def check(self, row: Row, table: Path | None) -> None:
+        if table is None:
+            row.verified = row.rows_out == row.records
+            row.check = f"{row.rows_out:,} records read"
+        else:
+            ok, _, distinct, message = verify_table(table, row.records)
+            row.verified, row.distinct_ids, row.check = ok, distinct, message
+            if not self.args.keep_tables:
+                shutil.rmtree(table, ignore_errors=True)
+        if not row.verified:
+            self.problems.append(f"row {row.number} ({row.name}): {row.check}")
+            row.check = "FAILED: " + row.check
+
+    def run_main(self) -> None:
+        a = self.args
+        rows = self.results.rows
+        topic, ends = self.topic(a.records, a.partitions)
+        tables, checkpoints = self.out / "tables", self.out / "checkpoints"
+
+        def row(number: int, repeat: int = 0, **names: Any) -> Row:
+            name = ROW_NAMES[number].format(**names)
+            return Row(
+                number, name, a.records, a.batch_size, repeat=repeat, partitions=a.partitions
+            )
+
+        procs = max(1, min(a.consumers, len(ends)))
+        if 1 in a.rows:
+            spec = self.spec(topic, ends, processes=a.consumers)
+            rows.append(self.measure(row(1, procs=procs), "consume", spec, None))
+            rows[-1].batch_size = None
+        for number, kind in ((2, "write"), (3, "simple")):
+            if number in a.rows:
+                table = tables / f"{number}-{kind}"
+                spec = self.spec(topic, ends, table=str(table))
+                rows.append(self.measure(row(number), kind, spec, table))
+        for repeat in range(a.repeats):
+            order = REPEATED if repeat % 2 == 0 else REPEATED[::-1]
+            for number in order:
+                if number not in a.rows:
+                    continue
+                exactly_once = number == 4
+                label = f"{number}-pipeline-{repeat}"
+                spec = self.spec(
+                    topic,
+                    ends,
+                    name=f"bench-{'eo' if exactly_once else 'plain'}-{repeat}",
+                    table=str(tables / label),
+                    checkpoint=str(checkpoints / label),
+                    exactly_once=exactly_once,
+                )
+                rows.append(self.measure(row(number, repeat), "pipeline", spec, tables / label))
+        if 6 in a.rows:
+            rows.append(self.run_delta_spark(row(6), topic, ends))
+
+    def run_delta_spark(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
+        """Row 6: the same pipeline, exactly-once on, with the delta-spark sink (engine
+        {source: embedded, sink: delta_spark}); without jars the row says so and is skipped."""
+        jars, why_not = self.delta_jars()
+        if not jars:
+            say(f"==> 6. {row.name}\n    skipped: {why_not}")
+            row.skipped = row.check = f"skipped: {why_not}"
+            return row
+        label = "6-pipeline-delta-spark"
+        tables = self.out / "tables"
+        spec = self.spec(
+            topic,
+            ends,
+            name="bench-delta-spark",
+            table=str(tables / label),
+            checkpoint=str(self.out / "checkpoints" / label),
+            exactly_once=True,
+            engine=DELTA_SPARK_ENGINE,
+            jars=jars,
+        )
+        row.note = f"jars: {self.args.delta_jars}"
+        return self.measure(row, "pipeline", spec, tables / label)
+
+    # -- the session: driver memory, then the sweep ----------------------------------------
+
+    def session_points(self) -> list[dict[str, Any]]:
+        """Pipeline runs for one Spark session, in order: the driver-RSS points (smallest
+        batches first, each --rss-batches batches of its size; peaks reset before each), the
+        many-batch memory run, then the sweep (batch sizes x partition counts)."""
+        a = self.args
+        points = []
+        if a.memory:
+            for size in a.rss_batch_sizes:
+                topic, _ = self.topic(size * a.rss_batches, a.partitions)
+                points.append(self.point(f"memory-b{size}", topic, size, role="rss", peak=True))
+            if a.memory_batches:
+                topic, _ = self.topic(a.memory_batches * a.memory_batch_size, a.partitions)
+                label = f"memory-flat-{a.memory_batches}"
+                points.append(self.point(label, topic, a.memory_batch_size, role="flat"))
+        if a.sweep:
+            for partitions in a.sweep_partitions:
+                topic, _ = self.topic(a.sweep_records, partitions)
+                for size in a.sweep_batch_sizes:
+                    label = f"sweep-p{partitions}-b{size}"
+                    points.append(
+                        self.point(label, topic, size, role="sweep", partitions=partitions)
+                    )
+        return points
+
+    def run_session(self) -> None:
+        a = self.args
+        points = self.session_points()
+        if not points:
+            return
+        if a.memory:
+            say(
+                "==> driver memory: peak RSS of the driver (its Python process; the JVM apart) "
+                f"with batches of {', '.join(f'{s:,}' for s in a.rss_batch_sizes)} records"
+                + (
+                    f", then RSS per batch over {a.memory_batches} batches of "
+                    f"{a.memory_batch_size:,}"
+                    if a.memory_batches
+                    else ""
+                )
+            )
+        if a.sweep:
+            say(
+                f"==> sweep: pipeline (exactly-once on) over batch sizes "
+                f"{', '.join(f'{s:,}' for s in a.sweep_batch_sizes)} x partitions "
+                f"{', '.join(map(str, a.sweep_partitions))}, {a.sweep_records:,} records each"
+            )
+        say("    (one Spark session runs them all in turn; its log: logs/session.log)")
+        spec = self.session_spec(points=points)
+        try:
+            result, _, _ = run_worker("session", spec, self.out, "session", self.env, a.timeout)
+        except WorkerError as exc:
+            self.problems.append(str(exc))
+            say(f"    {exc}")
+            return
+        for point in result["points"]:
+            if "error" in point:
+                self.problems.append(
+                    f"{point['role']} point {point['name']} failed: {point['error']}"
+                )
+                say(f"    {point['name']}: FAILED ({point['error']}); see logs/session.log")
+            elif point["role"] == "rss":
+                self.results.memory.append(self._rss_row(point))
+            elif point["role"] == "flat":
+                self.results.memory.append(self._flat_row(point))
+            else:
+                self.results.sweep.append(self._sweep_row(point))
+
+    def _sweep_row(self, point: dict[str, Any]) -> Row:
+        r = Row(
+            0,
+            f"sweep p={point['partitions']} batch={point['batch_size']}",
+            self.args.sweep_records,
+            point["batch_size"],
+            partitions=point["partitions"],
+        )
+        self._point_row(r, point)
+        cost = steady_batch_cost(point["batches"])
+        if cost is not None:
+            r.extra["steady_records_per_batch"] = round(cost[0], 1)
+            r.extra["steady_s_per_batch"] = round(cost[1], 4)
+        say(
+            f"    sweep p={point['partitions']:<3} batch={point['batch_size']:>9,}  "
+            f"{r.rps:>10,.0f} records/s  {r.batches:>3} batches  "
+            f"{_fmt(cost and cost[1], '{:.3f}')} s/batch  {r.check}"
+        )
+        return r
+
+    def _rss_row(self, point: dict[str, Any]) -> Row:
+        a = self.args
+        size = point["batch_size"]
+        r = Row(0, f"driver peak RSS batch={size}", size * a.rss_batches, size)
+        r.partitions = a.partitions
+        self._point_row(r, point)
+        r.extra["driver_peak_mb"] = _round(point.get("driver_peak_mb"))
+        r.extra["jvm_peak_mb"] = _round(point.get("jvm_peak_mb"))
+        if not point.get("peak_reset"):
+            r.note = "peak RSS could not be reset: it covers the session before this run"
+        say(
+            f"    memory batch={size:>9,}  driver peak "
+            f"{_fmt(r.extra['driver_peak_mb'], '{:,.0f}')} MB Python, "
+            f"{_fmt(r.extra['jvm_peak_mb'], '{:,.0f}')} MB JVM  {r.check}"
+        )
+        return r
+
+    def _point_row(self, r: Row, point: dict[str, Any]) -> None:
+        batches = point["batches"]
+        r.rows_out, r.batches = point["rows"], len(batches)
+        r.rps, first_end = steady(batches)
+        if r.batches == 1:
+            r.rps = r.rows_out / (batches[0][0] - point["begin"])
+            r.note = "1 batch, no steady state"
+        r.busy_rps = busy_rate(batches)
+        r.extra.update(time_split(batches))
+        r.wall_s = point["end"] - point["begin"]
+        r.startup_s = first_end - point["begin"] if first_end else None
+        self.check(r, Path(point["table"]))
+
+    def _flat_row(self, point: dict[str, Any]) -> Row:
+        a = self.args
+        r = Row(
+            0,
+            f"driver RSS over {a.memory_batches} batches",
+            a.memory_batches * a.memory_batch_size,
+            a.memory_batch_size,
+            partitions=a.partitions,
+        )
+        self._point_row(r, point)
+        for side in ("driver", "jvm"):
+            moved = memory.drift([b[BATCH[f"{side}_mb"]] for b in point["batches"]])
+            if moved is None:
+                continue
+            r.extra[f"{side}_rss_first_mb"] = round(moved.first_mb, 1)
+            r.extra[f"{side}_rss_last_mb"] = round(moved.last_mb, 1)
+            r.extra[f"{side}_rss_growth_pct"] = round(moved.growth_pct, 2)
+        mb = {k: _fmt(r.extra.get(f"{k}_mb"), "{:,.0f}") for k in RSS_KEYS}
+        say(
+            f"    {r.batches} batches: driver RSS {mb['driver_rss_first']} -> "
+            f"{mb['driver_rss_last']} MB Python, {mb['jvm_rss_first']} -> {mb['jvm_rss_last']} "
+            f"MB JVM  {r.check}"
+        )
+        return r
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        say(f"==> generating a project from conf/embedded-local.yaml into {self.out / 'project'}")
+        self.prepare()
+        say("==> starting the embedded broker (Tansu) on 127.0.0.1")
+        broker = self.broker_mod.EmbeddedBroker(log_path=self.out / "logs" / "broker.log")
+        broker.start()
+        try:
+            self.bootstrap = broker.bootstrap_servers
+            say(f"    {self.bootstrap}")
+            self.run_main()
+            self.run_session()
+        finally:
+            broker.stop()
+        csv_path = write_csv(self.results, self.out)
+        chart = write_chart(self.results, self.out)
+        print_table(self.results)
+        say(f"wrote {csv_path}" + (f" and {chart}" if chart else ""))
+        for problem in self.problems:
+            say(f"PROBLEM: {problem.splitlines()[0]}")
+        say(format_last_line(self.results))
+        return 1 if self.problems else 0
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)

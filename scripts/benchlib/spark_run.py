@@ -1,0 +1,220 @@
+"""Workers that run the generated pipeline (rows 4-6, the sweep, the memory runs), each in its
+own process started by :mod:`.procs`. The engine itself is untouched: a subclass of its
+``Pipeline`` records when each batch committed, how long its sink took and the driver's RSS.
+
+A pipeline result's ``batches`` are lists ``[commit time, rows, seconds in the batch function,
+of which in the Delta sink, driver Python RSS MB, driver JVM RSS MB]`` (see :data:`BATCH`)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import memory
+from .kafka_io import CLIENT
+
+log = logging.getLogger("bench")
+
+# Index of each field in a pipeline batch record.
+BATCH = {"time": 0, "rows": 1, "function_s": 2, "sink_s": 3, "driver_mb": 4, "jvm_mb": 5}
+# The generated project's own log format (main.py): start-up phases are parsed from it.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _import_package(spec: dict[str, Any], module: str) -> Any:
+    if spec["src"] not in sys.path:
+        sys.path.insert(0, spec["src"])
+    return importlib.import_module(f"{spec['package']}.{module}")
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _spark(spec: dict[str, Any]) -> Any:
+    """A local session like the generated tests' one; with ``spec["jars"]`` (delta-spark), those
+    jars on spark.jars and Delta's session extension and catalog, as the tests' conftest does."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(spec["master"])
+        .appName("bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if spec.get("jars"):
+        builder = builder.config("spark.jars", ",".join(spec["jars"]))
+        for key, value in _import_package(spec, "engine").DELTA_SESSION_CONFS.items():
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    log.info("spark session ready")
+    return session
+
+
+class DriverProbe:
+    """RSS of the pipeline's driver, and only of it: this Python process (where foreachBatch
+    runs and the delta-rs sink holds a batch as Arrow) and, separately, the JVM it started. In
+    local mode that JVM also runs the executors' tasks, so its figure is not the driver's alone;
+    the Python daemon and workers (executor side) are left out of both."""
+
+    def __init__(self, spark: Any) -> None:
+        self.python = os.getpid()
+        self.jvm: int | None
+        try:  # the JVM's own pid through py4j; else the java process under this one
+            self.jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        except Exception:
+            self.jvm = memory.find_jvm(self.python)
+
+    def now(self) -> tuple[float | None, float | None]:
+        return self._read("VmRSS")
+
+    def peaks(self) -> tuple[float | None, float | None]:
+        return self._read("VmHWM")
+
+    def _read(self, field: str) -> tuple[float | None, float | None]:
+        jvm = memory.status_mb(self.jvm, field) if self.jvm else None
+        return memory.status_mb(self.python, field), jvm
+
+    def reset(self, spark: Any) -> bool:
+        """Collect garbage on both sides, then restart both peaks from the current RSS."""
+        gc.collect()
+        try:
+            spark.sparkContext._jvm.java.lang.System.gc()
+        except Exception:
+            log.debug("no JVM access: JVM garbage not collected before the reset")
+        ok = memory.reset_peak(self.python)
+        if self.jvm:
+            ok = memory.reset_peak(self.jvm) and ok
+        return ok
+
+
+def _timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter() - started
+
+    return timed
+
+
+def _run_pipeline(
+    spark: Any, spec: dict[str, Any], run: dict[str, Any], probe: DriverProbe
+) -> dict[str, Any]:
+    config_mod = _import_package(spec, "config")
+    pipeline_mod = _import_package(spec, "pipeline")
+    settings: dict[str, Any] = {
+        "pipeline_id": run["name"],
+        "kafka": {
+            "bootstrap_servers": spec["bootstrap"],
+            "topics": [run["topic"]],
+            "consumer_group": f"bench-{run['name']}",
+            "max_records_per_trigger": run["batch_size"],
+            "client": dict(CLIENT),
+        },
+        "delta": {"table": run["table"]},
+        "checkpoint": run["checkpoint"],
+    }
+    if run.get("engine"):
+        settings["engine"] = run["engine"]
+    config = config_mod.PipelineConfig.model_validate(settings)
+    batches: list[list[Any]] = []
+    in_sink = [0.0]
+
+    class TimedPipeline(pipeline_mod.Pipeline):  # type: ignore[name-defined,misc]
+        """Records each batch when its commit returned (see BATCH), and logs when the stream
+        started; the engine itself is untouched."""
+
+        def start(self) -> Any:
+            query = super().start()
+            log.info("stream started")
+            return query
+
+        def _process_batch(self, df: Any, batch_id: int) -> None:
+            rows_before, sink_before = self.summary.rows_written, in_sink[0]
+            started = time.perf_counter()
+            super()._process_batch(df, batch_id)
+            elapsed = time.perf_counter() - started
+            driver_mb, jvm_mb = probe.now()
+            batches.append(
+                [
+                    time.time(),
+                    self.summary.rows_written - rows_before,
+                    elapsed,
+                    in_sink[0] - sink_before,
+                    driver_mb,
+                    jvm_mb,
+                ]
+            )
+
+    pipeline = TimedPipeline(spark, config, exactly_once=run.get("exactly_once", True))
+    sink = getattr(pipeline, "sink", None)
+    for method in ("commit_batch", "append_unprotected"):
+        if sink is not None and hasattr(sink, method):
+            setattr(sink, method, _timed(getattr(sink, method), in_sink))
+    begin = time.time()
+    summary = pipeline.run()
+    stats = getattr(summary, "commit_back", None)
+    return {
+        "rows": summary.rows_written,
+        "begin": begin,
+        "end": time.time(),
+        "batches": batches,
+        "commit_back_ok": getattr(stats, "succeeded", None),
+        "commit_back_failed": getattr(stats, "failed", None),
+    }
+
+
+def work_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
+    """Rows 4-6: the generated pipeline in a fresh process (JVM start included); the driver's
+    peak RSS over the whole process life."""
+    _logging()
+    session_started = time.time()
+    spark = _spark(spec)
+    session_ready = time.time()
+    try:
+        probe = DriverProbe(spark)
+        result = _run_pipeline(spark, spec, spec, probe)
+        result["driver_peak_mb"], result["jvm_peak_mb"] = probe.peaks()
+    finally:
+        spark.stop()
+    result["spark_session_s"] = session_ready - session_started
+    return result
+
+
+def work_session(spec: dict[str, Any]) -> dict[str, Any]:
+    """The memory runs and the sweep: one Spark session runs every point in turn (steady state
+    excludes start-up). Points with ``peak`` set measure the driver's peak RSS over that run
+    alone (VmHWM reset before it); the orchestrator puts them first, smallest batches first,
+    so none inherits a larger run's heap. One failed point does not lose the others."""
+    _logging()
+    spark = _spark(spec)
+    try:
+        probe = DriverProbe(spark)
+        points = []
+        for run in spec["points"]:
+            log.info("%s point %s", run["role"], run["name"])
+            try:
+                reset = probe.reset(spark) if run.get("peak") else None
+                result = _run_pipeline(spark, spec, run, probe)
+                if run.get("peak"):
+                    result["driver_peak_mb"], result["jvm_peak_mb"] = probe.peaks()
+                    result["peak_reset"] = reset
+                points.append({**run, **result})
+            except Exception as exc:
+                log.exception("%s point %s failed", run["role"], run["name"])
+                points.append({**run, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+    finally:
+        spark.stop()
+    return {"points": points}

@@ -1,0 +1,254 @@
+"""``<script> offsets show | reset | verify``: the pipeline's offsets the way
+``kafka-consumer-groups --describe`` shows a group's, moved safely, and proven whole.
+
+    orders-stream offsets show [--json]
+    orders-stream offsets reset --to-earliest | --to-latest | --to-datetime 2025-01-01T00:00:00Z
+                               | --to-offsets orders:0=15,orders:1=20  [--topic T] [--dry-run]
+                               [--allow-rewind] [--reason TEXT]
+    orders-stream offsets verify [--ids id]
+
+``show`` and ``verify`` read the table with delta-rs and Kafka with confluent-kafka; none of the
+three starts Spark. Exit status: 0 done (verify: everything holds), 1 verify found a problem (or
+reset could not update the group), 2 bad input or a state the command refuses (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from ..config import ConfigError, PipelineConfig
+from ..kafka_admin import KafkaUnavailableError
+from ..offsets import OffsetsExpiredError, format_ms, offsets_to_json
+from .table_log import (
+    CommandError,
+    admin_for,
+    format_rows,
+    kafka_partitions,
+    open_existing,
+    open_table,
+    row_count,
+    stored_offsets,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..main import add_config_options
+
+    parser = argparse.ArgumentParser(
+        prog=f"{__package__.rsplit('.', 1)[0]} offsets",
+        description="Show, reset or verify the offsets the pipeline stores in its Delta table.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_, description=help_)
+        add_config_options(sub)
+        sub.add_argument("--log-level", default="WARNING", help="default WARNING")
+        return sub
+
+    show = command("show", "one row per topic-partition: stored, group, earliest, latest, lag")
+    show.add_argument("--json", action="store_true", help="print the same as JSON")
+
+    reset = command(
+        "reset",
+        "move the stored offsets as one audited Delta commit (no data), then the group's",
+    )
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="each partition's earliest")
+    to.add_argument("--to-latest", action="store_true", help="each partition's latest")
+    to.add_argument(
+        "--to-datetime",
+        metavar="WHEN",
+        help="first offset at or after WHEN: ISO 8601 (2025-01-31T08:00:00Z; no zone = UTC) "
+        "or epoch milliseconds",
+    )
+    to.add_argument(
+        "--to-offsets",
+        metavar="SPEC",
+        help="explicit offsets, TOPIC:PARTITION=OFFSET[,...] (e.g. orders:0=15,orders:1=20); "
+        "other partitions keep theirs",
+    )
+    reset.add_argument(
+        "--topic",
+        action="append",
+        help="only this topic (repeatable; default: the config's topics)",
+    )
+    reset.add_argument(
+        "--dry-run", action="store_true", help="print what would change, write nothing"
+    )
+    reset.add_argument(
+        "--allow-rewind",
+        action="store_true",
+        help="allow moving partitions backwards (records are read again; needs a new checkpoint)",
+    )
+    reset.add_argument("--reason", default="", help="why, recorded in the commit")
+    reset.add_argument(
+        "--no-run-check",
+        action="store_true",
+        help="skip the check for a running pipeline (only where the run lease cannot be read; "
+        "the Delta fence still refuses a conflicting commit)",
+    )
+
+    verify = command("verify", "prove the table's offsets and ranges are whole")
+    verify.add_argument(
+        "--ids", metavar="COLUMN", help="also check that COLUMN's values are distinct"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..main import build_config
+
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = build_config(args)
+        if args.command == "show":
+            document = show(config)
+            print(json.dumps(document, indent=2) if args.json else render_show(document))
+            return 0
+        if args.command == "reset":
+            from .reset import run_reset
+
+            return run_reset(config, args)
+        from .verify import run_verify
+
+        return run_verify(config, ids=args.ids)
+    except (ConfigError, CommandError, KafkaUnavailableError, OffsetsExpiredError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- show -------------------------------------------------------------------------------------
+
+
+def _time(epoch_ms: int | None) -> str | None:
+    return format_ms(epoch_ms) if epoch_ms is not None else None
+
+
+def show(config: PipelineConfig) -> dict[str, Any]:
+    """Everything ``offsets show`` prints, as a JSON-ready document."""
+    table = open_existing(config.delta.table, config)
+    admin = admin_for(config)
+    partitions, _ = kafka_partitions(admin, config.kafka.topics)
+    stored, commit = stored_offsets(table, config, partitions)
+    # Topics the table stores but the config no longer reads are shown too (when on Kafka).
+    extra, missing = kafka_partitions(admin, set(stored.offsets) - set(partitions))
+    partitions.update(extra)
+    missing += [t for t in config.kafka.topics if t not in partitions]
+    marks = admin.watermarks(partitions)
+    group = admin.committed(config.kafka.consumer_group, partitions)
+
+    dead_table = config.dead_letter_table
+    dead = open_table(dead_table, config.delta.storage_options) if dead_table else None
+    names = sorted(
+        {(t, p) for t, ps in partitions.items() for p in ps}
+        | {(t, p) for t, ps in stored.offsets.items() for p in ps}
+    )
+    rows = []
+    for t, p in names:
+        at = stored.offsets.get(t, {}).get(p)
+        earliest = marks.earliest.get(t, {}).get(p)
+        latest = marks.latest.get(t, {}).get(p)
+        # Never stored: the pipeline would start at kafka.starting_offsets.
+        begin = (
+            at
+            if at is not None
+            else (earliest if config.kafka.starting_offsets == "earliest" else latest)
+        )
+        rows.append(
+            {
+                "topic": t,
+                "partition": p,
+                "stored_offset": at,
+                "delta_version": stored.delta_version if at is not None else None,
+                "batch_id": stored.batch_id if at is not None else None,
+                "app_id": stored.app_id if at is not None else None,
+                "committed_at": _time(commit.timestamp_ms) if commit and at is not None else None,
+                "group_offset": group.get(t, {}).get(p),
+                "earliest": earliest,
+                "latest": latest,
+                "lag": max(0, latest - begin) if latest is not None and begin is not None else None,
+            }
+        )
+    return {
+        "pipeline_id": config.pipeline_id,
+        "table": config.delta.table,
+        "table_version": table.version(),
+        "rows": row_count(table),
+        "dead_letter_table": dead_table,
+        "dead_letters": row_count(dead) if dead is not None else None,
+        "consumer_group": config.kafka.consumer_group,
+        "stored": {
+            "delta_version": stored.delta_version,
+            "batch_id": stored.batch_id,
+            "app_id": stored.app_id,
+            "seq": stored.seq,
+            "committed_at": _time(commit.timestamp_ms) if commit else None,
+            "source": "commit" if commit else "txn actions (log cleaned up)",
+            "reset": dict(stored.reset) if stored.reset is not None else None,
+            "offsets": offsets_to_json(stored.offsets),
+        },
+        "partitions": rows,
+        "lag": sum(r["lag"] or 0 for r in rows),
+        "topics_missing_on_kafka": sorted(missing),
+    }
+
+
+_COLUMNS = [
+    ("TOPIC", "topic"),
+    ("PARTITION", "partition"),
+    ("STORED", "stored_offset"),
+    ("VERSION", "delta_version"),
+    ("BATCH", "batch_id"),
+    ("APP_ID", "app_id"),
+    ("COMMITTED_AT", "committed_at"),
+    ("GROUP", "group_offset"),
+    ("EARLIEST", "earliest"),
+    ("LATEST", "latest"),
+    ("LAG", "lag"),
+]
+
+
+def render_show(doc: dict[str, Any]) -> str:
+    from ..offsets import describe_reset
+
+    stored = doc["stored"]
+    dead = (
+        f"{doc['dead_letters']} dead letters in {doc['dead_letter_table']}"
+        if doc["dead_letters"] is not None
+        else "no dead-letter table"
+        if doc["dead_letter_table"] is None
+        else f"no dead letters yet ({doc['dead_letter_table']} does not exist)"
+    )
+    if stored["source"] == "commit":
+        where = f"Delta version {stored['delta_version']}, committed {stored['committed_at']}"
+        what = (
+            f"a reset {describe_reset(stored['reset'])}"
+            if stored["reset"]
+            else f"batch {stored['batch_id']} of {stored['app_id']}"
+        )
+    else:
+        where, what = "the table's txn actions (log cleaned up)", "-"
+    lines = [
+        f"pipeline {doc['pipeline_id']}: table {doc['table']} (Delta version "
+        f"{doc['table_version']}): {doc['rows']} rows; {dead}",
+        f"stored offsets: {where}: {what} (commit {stored['seq']} of the pipeline)",
+        f"consumer group: {doc['consumer_group']}",
+    ]
+    if doc["topics_missing_on_kafka"]:
+        lines.append(f"topics not on Kafka: {', '.join(doc['topics_missing_on_kafka'])}")
+    lines.append("")
+    lines += format_rows(
+        [h for h, _ in _COLUMNS], [[r[k] for _, k in _COLUMNS] for r in doc["partitions"]]
+    )
+    lines.append(f"total lag: {doc['lag']}")
+    return "\n".join(lines)

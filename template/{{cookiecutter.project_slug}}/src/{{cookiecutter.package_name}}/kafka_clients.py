@@ -1,0 +1,133 @@
+"""What each confluent-kafka client of the pipeline is given, and how librdkafka's logs read.
+
+``kafka.client`` holds the user's librdkafka settings for every client: the embedded source's
+consumers, the metadata client (an ``AdminClient``, which librdkafka builds on a producer
+handle) and the commit-back consumer. librdkafka prints a ``CONFWARN`` line for every setting a
+client does not use (``fetch.wait.max.ms is a consumer property and will be ignored by this
+producer instance``), on every run. So each client takes only the settings of its kind: the
+tables below are librdkafka's consumer-only (``C``) and producer-only (``P``) properties of
+CONFIGURATION.md (librdkafka 2.x), global (``*``) ones go everywhere.
+
+librdkafka also logs every failed connection attempt, per client and broker, each reconnect
+backoff (100 ms growing to 10 s): an unreachable broker gave ~1,300 identical ``FAIL`` lines
+in 44 s. Every client therefore logs through :func:`librdkafka_logger`, which lets each
+distinct message through once per process; the calls that fail say what failed themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+CONSUMER_ONLY = frozenset(
+    {
+        "auto.commit.interval.ms",
+        "auto.offset.reset",
+        "check.crcs",
+        "consume.callback.max.messages",
+        "coordinator.query.interval.ms",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "enable.partition.eof",
+        "fetch.error.backoff.ms",
+        "fetch.max.bytes",
+        "fetch.message.max.bytes",
+        "fetch.min.bytes",
+        "fetch.queue.backoff.ms",
+        "fetch.wait.max.ms",
+        "group.id",
+        "group.instance.id",
+        "group.protocol",
+        "group.protocol.type",
+        "group.remote.assignor",
+        "heartbeat.interval.ms",
+        "isolation.level",
+        "max.partition.fetch.bytes",
+        "max.poll.interval.ms",
+        "offset.store.method",
+        "partition.assignment.strategy",
+        "queued.max.messages.kbytes",
+        "queued.min.messages",
+        "session.timeout.ms",
+    }
+)
+
+PRODUCER_ONLY = frozenset(
+    {
+        "acks",
+        "batch.num.messages",
+        "batch.size",
+        "compression.codec",
+        "compression.level",
+        "compression.type",
+        "delivery.report.only.error",
+        "delivery.timeout.ms",
+        "enable.gapless.guarantee",
+        "enable.idempotence",
+        "linger.ms",
+        "message.send.max.retries",
+        "message.timeout.ms",
+        "partitioner",
+        "queue.buffering.backpressure.threshold",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.ms",
+        "request.required.acks",
+        "request.timeout.ms",
+        "retries",
+        "sticky.partitioning.linger.ms",
+        "transaction.timeout.ms",
+        "transactional.id",
+    }
+)
+
+
+def admin_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings for an ``AdminClient`` (a producer handle): no consumer-only ones."""
+    return {k: v for k, v in conf.items() if k not in CONSUMER_ONLY} | _logging()
+
+
+def consumer_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings for a ``Consumer``: no producer-only ones."""
+    return {k: v for k, v in conf.items() if k not in PRODUCER_ONLY} | _logging()
+
+
+def _logging() -> dict[str, Any]:
+    return {"logger": librdkafka_logger()}
+
+
+class OncePerMessage(logging.Filter):
+    """Lets each distinct librdkafka message through once: the same failure repeated by every
+    reconnect attempt says nothing new. Timings and counters do not make a message distinct."""
+
+    _VARYING = re.compile(r"\(after \d+ms in state \w+[^)]*\)|\d+ms|\d+/\d+")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        # librdkafka's "[thrd:...]" names the internal thread, which differs per attempt.
+        key = self._VARYING.sub("#", re.sub(r"\[thrd:[^\]]*\]", "", message))
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
+
+
+_logger_lock = threading.Lock()
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The logger every client of the pipeline logs through (see the module docstring)."""
+    logger = logging.getLogger(__name__)
+    with _logger_lock:
+        if not any(isinstance(f, OncePerMessage) for f in logger.filters):
+            logger.addFilter(OncePerMessage())
+    return logger

@@ -1,0 +1,629 @@
+"""`offsets show | reset | verify` on real Delta tables and the real broker.
+
+Most tables here are written by the pipeline's own delta-rs sink (the same commit as a
+pipeline batch: rows, txn actions, offsets and start in userMetadata) over records really
+produced to Kafka, so no Spark session is needed; the tests marked `spark` run the real
+pipeline around the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from conftest import skip_without_connectors
+from {{ cookiecutter.package_name }}.checkpoint import CheckpointMismatchError
+from {{ cookiecutter.package_name }}.commands.reset import commit_reset, parse_when, plan_reset
+from {{ cookiecutter.package_name }}.commands.table_log import CommandError, newest_commit
+from {{ cookiecutter.package_name }}.commit_back import OffsetCommitter
+from {{ cookiecutter.package_name }}.config import PipelineConfig
+from {{ cookiecutter.package_name }}.devtools.produce import produce_events, produce_values
+from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink
+from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin
+from {{ cookiecutter.package_name }}.main import main
+from {{ cookiecutter.package_name }}.offsets import BatchCommit, Offsets
+from {{ cookiecutter.package_name }}.run_lease import (
+    STALE_AFTER_SECONDS,
+    Lease,
+    RunLease,
+    is_active,
+    read_leases,
+)
+
+pytestmark = [pytest.mark.broker]
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _config_file(cfg: PipelineConfig, tmp_path: Path) -> str:
+    path = tmp_path / "conf" / "test.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    return str(path)
+
+
+def _cli(cfg: PipelineConfig, tmp_path: Path, capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(["offsets", args[0], "--config", _config_file(cfg, tmp_path), *args[1:]])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _rows(first: int, count: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(first, first + count), pa.int64())})
+
+
+def _sink_batches(
+    cfg: PipelineConfig, batches: list[tuple[Offsets, Offsets]], app: str = "q1", first_batch=0
+) -> None:
+    """Commit ``(start, end)`` batches with the pipeline's delta-rs sink, as a run would
+    (ids numbered by position so that the table's ids are distinct)."""
+    sink = DeltaRsSink(cfg.delta.table, cfg.pipeline_id)
+    for i, (start, end) in enumerate(batches, start=first_batch):
+        count = sum(end[t][p] - start.get(t, {}).get(p, 0) for t in end for p in end[t])
+        commit = BatchCommit(cfg.pipeline_id, f"{cfg.pipeline_id}.{app}", i, end)
+        first = 1000 * i
+        sink.commit_batch(_rows(first, count), commit.starting_at(start), start=start)
+
+
+def _push_group(cfg: PipelineConfig, offsets: Offsets) -> None:
+    committer = OffsetCommitter(cfg.kafka.client_config(), cfg.kafka.consumer_group)
+    committer.submit(0, offsets)
+    assert committer.close().succeeded == 1
+
+
+def _group(cfg: PipelineConfig, partitions: dict[str, list[int]]) -> Offsets:
+    return KafkaAdmin(cfg.kafka.client_config()).committed(cfg.kafka.consumer_group, partitions)
+
+
+@pytest.fixture
+def written(kafka_bootstrap, new_topics, make_config):
+    """A topic of 2 partitions holding 40 records each, and a table whose pipeline read them
+    in two batches (0-20, 20-40 per partition), the group aligned with it."""
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 80)
+    cfg = make_config([topic])
+    half = {topic: {0: 20, 1: 20}}
+    end = {topic: {0: 40, 1: 40}}
+    _sink_batches(cfg, [({}, half), (half, end)])
+    _push_group(cfg, end)
+    return cfg, topic
+
+
+# -- show -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["delta_rs", "delta_spark"])
+def sink_engine(request, spark) -> dict[str, str]:
+    engine = {"source": "embedded", "sink": request.param}
+    skip_without_connectors(spark, engine)
+    return engine
+
+
+@pytest.mark.spark
+def test_show_and_verify_after_a_real_pipeline_run_on_either_sink(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys
+) -> None:
+    from {{ cookiecutter.package_name }}.pipeline import Pipeline
+
+    topics = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, topics, 120)
+    # Two bad records go to the dead-letter table.
+    produce_values(kafka_bootstrap, topics[0], [(0, b"not json"), (1, b"{}")])
+    cfg = make_config(topics, engine=sink_engine, max_records_per_trigger=50)
+    Pipeline(spark, cfg).run()
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    latest = admin.latest(admin.partitions(topics))
+
+    status, out, _ = _cli(cfg, tmp_path, capsys, "show", "--json")
+    assert status == 0
+    doc = json.loads(out)
+    assert doc["rows"] == 120 and doc["dead_letters"] == 2 and doc["lag"] == 0
+    newest = _newest(cfg)
+    assert doc["stored"]["delta_version"] == newest.version
+    assert [(r["topic"], r["partition"]) for r in doc["partitions"]] == [
+        (t, p) for t in sorted(topics) for p in (0, 1)
+    ]
+    for row in doc["partitions"]:
+        want = latest[row["topic"]][row["partition"]]
+        assert row["stored_offset"] == row["group_offset"] == row["latest"] == want
+        assert (row["earliest"], row["lag"], row["delta_version"]) == (0, 0, newest.version)
+        assert row["batch_id"] == newest.record.batch_id > 0
+        assert row["app_id"] == newest.record.app_id and row["committed_at"].endswith("Z")
+
+    status, text, _ = _cli(cfg, tmp_path, capsys, "show")
+    assert status == 0
+    assert "120 rows; 2 dead letters" in text and "total lag: 0" in text
+    for row in doc["partitions"]:
+        (line,) = [
+            x.split()
+            for x in text.splitlines()
+            if x.split()[:2] == [row["topic"], str(row["partition"])]
+        ]
+        assert line[2] == str(row["stored_offset"]) and line[-1] == "0"
+
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify", "--ids", "id")
+    assert status == 0, out
+    assert "verify: OK" in out and "2 dead letters, all inside" in out
+    assert "without a recorded start" not in out  # the pipeline records each batch's start
+    assert read_leases(cfg.delta.table, cfg.pipeline_id) == []  # released at the end
+
+
+def test_console_script_dispatch_runs_offsets_show_and_keeps_the_run_options(
+    written, tmp_path
+) -> None:
+    cfg, topic = written
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "offsets",
+            "show",
+            "--json",
+            "--config",
+            _config_file(cfg, tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["stored"]["offsets"] == {topic: {"0": 40, "1": 40}}
+    # The run command's own options still parse (no subcommand name first).
+    helped = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert helped.returncode == 0 and "--trigger" in helped.stdout and "offsets" in helped.stdout
+
+
+# -- reset ------------------------------------------------------------------------------------
+
+
+def _newest(cfg: PipelineConfig):
+    commit = newest_commit(DeltaTable(cfg.delta.table), cfg.pipeline_id)
+    assert commit is not None
+    return commit
+
+
+def test_reset_each_way_is_one_audited_commit_with_txns_then_the_group(
+    written, kafka_bootstrap, tmp_path, capsys
+) -> None:
+    cfg, topic = written
+    parts = {topic: [0, 1]}
+    table = DeltaTable(cfg.delta.table)
+    version, seq = table.version(), _newest(cfg).record.seq
+    produce_events(kafka_bootstrap, [topic], 20, first_id=80)  # latest is now 50 per partition
+
+    # Dry run: prints the change, writes nothing (table and group unchanged).
+    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--dry-run")
+    assert status == 0 and "dry run: nothing written" in out
+    assert [topic, "0", "40", "50", "+10", "skipped"] in [line.split() for line in out.splitlines()]
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert _group(cfg, parts) == {topic: {0: 40, 1: 40}}
+
+    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--reason", "skip")
+    assert status == 0, out
+    table = DeltaTable(cfg.delta.table)
+    assert table.version() == version + 1  # ONE commit
+    newest = _newest(cfg)
+    assert newest.record.end_offsets == {topic: {0: 50, 1: 50}}
+    assert newest.record.seq == seq + 1
+    assert newest.record.reset is not None
+    assert newest.record.reset["to"] == "latest" and newest.record.reset["reason"] == "skip"
+    assert newest.record.reset["from"] == {topic: {"0": 40, "1": 40}}
+    assert table.history(1)[0]["operationMetrics"]["num_added_rows"] == 0  # no data
+    assert table.transaction_version(f"{cfg.pipeline_id}:fence") == seq + 1
+    assert table.transaction_version(f"{cfg.pipeline_id}:offset:{topic}:0") == 50
+    assert table.transaction_version(newest.record.app_id) == 0
+    assert _group(cfg, parts) == {topic: {0: 50, 1: 50}}
+    assert "move the checkpoint aside" not in out  # this checkpoint never ran
+
+    # Explicit offsets: only the named partition moves (forward), the other is carried.
+    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:1=50")
+    assert status == 0 and "already stores these offsets" in out
+    assert DeltaTable(cfg.delta.table).version() == version + 1
+
+    # Earliest and explicit backwards need --allow-rewind (see the next test); a datetime
+    # before every record is earliest too. All records carry their produce time.
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-datetime", "2000-01-01T00:00:00Z", "--allow-rewind"
+    )
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 0, 1: 0}}
+    assert _newest(cfg).record.reset["rewind"] == [[topic, 0], [topic, 1]]
+    assert _group(cfg, parts) == {topic: {0: 0, 1: 0}}
+
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=7,{topic}:1=9"
+    )
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 7, 1: 9}}
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 0, 1: 0}}
+    assert DeltaTable(cfg.delta.table).version() == version + 4
+
+
+def test_reset_to_a_datetime_finds_the_first_record_at_or_after_it(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    from confluent_kafka import Producer
+
+    (topic,) = new_topics(1, partitions=1)
+    # Record i is stamped base + i s. (Tansu 0.6 answers a time lookup on such records with
+    # offset 0; the command checks the broker's answer against the records and searches them.)
+    base = int(time.time() * 1000) - 3_600_000
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(20):
+        producer.produce(topic, value=b"{}", partition=0, timestamp=base + i * 1000)
+        producer.flush(30)
+    cfg = make_config([topic])
+    _sink_batches(cfg, [({}, {topic: {0: 4}})])
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 9_500))
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 10}}
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 10_000))
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 10}}  # at it: that record itself
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 60_000))
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 20}}  # after every record: latest
+
+
+def test_reset_refuses_to_rewind_without_the_flag_and_writes_nothing(
+    written, tmp_path, capsys
+) -> None:
+    cfg, topic = written
+    version = DeltaTable(cfg.delta.table).version()
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=10")
+    assert status == 2
+    assert "moves partitions backwards" in err and f"{topic}:0 40 -> 10" in err
+    assert "--allow-rewind" in err
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
+
+
+_HOLDER = """
+import sys, time, yaml
+sys.path.insert(0, {src!r})
+from {package}.config import PipelineConfig
+from {package}.run_lease import RunLease
+cfg = PipelineConfig.model_validate(yaml.safe_load(open({conf!r})))
+with RunLease.hold(cfg):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_reset_refuses_while_a_live_process_holds_the_run_lease(written, tmp_path, capsys) -> None:
+    cfg, _ = written
+    conf = _config_file(cfg, tmp_path)
+    code = _HOLDER.format(src=str(SRC), package="{{ cookiecutter.package_name }}", conf=conf)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        version = DeltaTable(cfg.delta.table).version()
+        status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+        assert status == 2
+        assert f"pid {holder.pid}" in err and "is running" in err and "Nothing was written" in err
+        assert DeltaTable(cfg.delta.table).version() == version
+        # A dry run still shows the plan, and says the run is active.
+        status, out, _ = _cli(
+            cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind", "--dry-run"
+        )
+        assert status == 0 and "note: pipeline" in out and "dry run: nothing written" in out
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    # Killed without releasing: its lease file remains, but its process is gone on this host.
+    assert [lease.pid for lease in read_leases(cfg.delta.table, cfg.pipeline_id)] == [holder.pid]
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+    assert status == 0, err
+
+
+def test_a_lease_from_another_host_is_active_while_its_heartbeat_is_fresh() -> None:
+    now = int(time.time() * 1000)
+    lease = Lease("r", "p", "elsewhere", 1, None, "/c", None, now, now)
+    assert is_active(lease, now_ms=now + 1000, host="here")
+    assert not is_active(lease, now_ms=now + int(STALE_AFTER_SECONDS * 1000) + 1, host="here")
+    # On its own host the process decides, whatever the heartbeat says.
+    assert is_active(Lease("r", "p", "here", os.getpid(), None, "/c", None, 0, 0), host="here")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    gone = int(dead.stdout)
+    assert not is_active(Lease("r", "p", "here", gone, None, "/c", None, now, now), host="here")
+
+
+def test_run_lease_heartbeats_and_leaves_nothing_behind(
+    make_config, new_topics, monkeypatch
+) -> None:
+    from {{ cookiecutter.package_name }} import run_lease
+
+    monkeypatch.setattr(run_lease, "HEARTBEAT_SECONDS", 0.1)
+    cfg = make_config(new_topics(1, partitions=1))
+    with RunLease.hold(cfg, lambda: "query-1") as lease:
+        assert lease is not None
+        (first,) = read_leases(cfg.delta.table, cfg.pipeline_id)
+        assert (first.pid, first.checkpoint) == (os.getpid(), cfg.checkpoint)
+        assert is_active(first)
+        time.sleep(0.5)
+        (later,) = read_leases(cfg.delta.table, cfg.pipeline_id)
+        assert later.heartbeat_ms > first.heartbeat_ms and later.query_id == "query-1"
+    assert read_leases(cfg.delta.table, cfg.pipeline_id) == []
+    # A run that wrote no table leaves no folder; a table's own folder stays, lease-free.
+    assert not Path(cfg.delta.table).exists()
+    Path(cfg.delta.table).mkdir(parents=True)
+    with RunLease.hold(cfg):
+        pass
+    assert Path(cfg.delta.table).is_dir() and not any(Path(cfg.delta.table).iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--to-earliest", "--topic", "nope"], "unknown topic nope"),
+        (["--to-offsets", "{topic}:7=1"], "partition 7 of topic {topic} is out of range"),
+        (["--to-offsets", "{topic}:0=41"], "offset 41 of {topic}:0 is outside what Kafka holds"),
+        (["--to-offsets", "{topic}0=41"], "is not TOPIC:PARTITION=OFFSET"),
+        (["--to-datetime", "2999-01-01T00:00:00Z"], "is in the future"),
+        (["--to-datetime", "yesterday"], "neither an ISO 8601 time"),
+    ],
+)
+def test_reset_bad_input_gets_one_clear_error_and_writes_nothing(
+    written, tmp_path, capsys, args, message
+) -> None:
+    cfg, topic = written
+    version = DeltaTable(cfg.delta.table).version()
+    argv = [a.format(topic=topic) for a in args]
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", *argv)
+    assert status == 2
+    assert err.count("error:") == 1 and message.format(topic=topic) in err
+    assert out == ""
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
+
+
+def test_reset_of_a_table_without_this_pipelines_commits_is_refused(
+    written, tmp_path, capsys
+) -> None:
+    cfg, _ = written
+    other = cfg.with_overrides(pipeline_id="another-pipeline")
+    status, _, err = _cli(other, tmp_path, capsys, "reset", "--to-latest")
+    assert status == 2 and "holds no commits of pipeline 'another-pipeline'" in err
+    missing = cfg.with_overrides(**{"delta.table": str(tmp_path / "none")})
+    status, _, err = _cli(missing, tmp_path, capsys, "reset", "--to-latest")
+    assert status == 2 and "there is no Delta table at" in err
+
+
+@pytest.mark.parametrize("racer", ["delta_rs", "delta_spark"])
+def test_a_reset_and_a_pipeline_commit_racing_cannot_both_land(written, racer) -> None:
+    import argparse
+
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from {{ cookiecutter.package_name }}.offsets import fence_app_id
+
+    cfg, topic = written
+    table = DeltaTable(cfg.delta.table)
+    args = argparse.Namespace(
+        to_earliest=False, to_latest=True, to_datetime=None, to_offsets=None, topic=None
+    )
+    plan = plan_reset(cfg, args, table, KafkaAdmin(cfg.kafka.client_config()))
+    # The pipeline commits its next batch after the reset read the offsets.
+    end = {topic: {0: 40, 1: 40}}
+    if racer == "delta_rs":
+        _sink_batches(cfg, [(end, end)], first_batch=2)
+    else:  # delta-spark's writer: the batch's metadata and its one txn, the pipeline's fence
+        batch = BatchCommit(cfg.pipeline_id, f"{cfg.pipeline_id}.q1", 2, end).on_top_of(plan.stored)
+        write_deltalake(
+            cfg.delta.table,
+            _rows(5000, 0),
+            mode="append",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(fence_app_id(cfg.pipeline_id), batch.seq)],
+                custom_metadata={"userMetadata": batch.user_metadata()},
+            ),
+        )
+    with pytest.raises(CommandError, match="the table changed while resetting"):
+        commit_reset(table, cfg, plan, reason="race")
+    assert _newest(cfg).record.reset is None and _newest(cfg).record.batch_id == 2
+
+
+def test_a_run_the_lease_missed_cannot_commit_over_a_reset_and_is_told_why(written) -> None:
+    import argparse
+
+    from {{ cookiecutter.package_name }}.engine import FencingError
+
+    cfg, topic = written
+    table = DeltaTable(cfg.delta.table)
+    args = argparse.Namespace(
+        to_earliest=False,
+        to_latest=False,
+        to_datetime=None,
+        to_offsets=f"{topic}:0=10",
+        topic=None,
+    )
+    plan = plan_reset(cfg, args, table, KafkaAdmin(cfg.kafka.client_config()))
+    commit_reset(table, cfg, plan, reason="missed run")
+    # The running pipeline's next batch starts where its checkpoint ended (40, 40).
+    start = {topic: {0: 40, 1: 40}}
+    with pytest.raises(FencingError, match="An operator reset the table's offsets"):
+        _sink_batches(cfg, [(start, {topic: {0: 40, 1: 40}})], first_batch=2)
+    assert _newest(cfg).record.reset is not None
+
+
+def test_parse_when_reads_iso_and_epoch_ms_and_refuses_the_future() -> None:
+    assert parse_when("1970-01-01T00:00:01Z") == 1000
+    assert parse_when("1970-01-01T01:00:01+01:00") == 1000
+    assert parse_when("1970-01-01T00:00:01") == 1000  # no zone: UTC
+    assert parse_when("1234") == 1234
+    with pytest.raises(CommandError, match="in the future"):
+        parse_when("2000", now_ms=1999)
+
+
+@pytest.mark.spark
+def test_pipeline_refuses_a_checkpoint_older_than_a_reset_then_resumes_at_the_reset(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    from {{ cookiecutter.package_name }}.pipeline import Pipeline
+
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 40)
+    cfg = make_config([topic])
+    Pipeline(spark, cfg).run()
+    produce_events(kafka_bootstrap, [topic], 40, first_id=40)  # ids 40-79: skipped by the reset
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--reason", "skip")
+    assert status == 0, err
+    assert f"mv {cfg.checkpoint} {cfg.checkpoint}.before-reset-" in out
+    produce_events(kafka_bootstrap, [topic], 20, first_id=80)
+
+    with pytest.raises(CheckpointMismatchError, match=r"were reset at .* after checkpoint"):
+        Pipeline(spark, cfg).run()
+    Path(cfg.checkpoint).rename(f"{cfg.checkpoint}.before-reset")
+    Pipeline(spark, cfg).run()
+
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == [*range(40), *range(80, 100)]
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify", "--ids", "id")
+    assert status == 0, out
+    assert "note  reset at version" in out and "(1 reset(s))" in out
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+def test_verify_passes_on_a_whole_table(written, tmp_path, capsys) -> None:
+    cfg, _ = written
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify", "--ids", "id")
+    assert status == 0, out
+    assert out.splitlines()[-1] == "verify: OK"
+    assert "2 commit(s) of the pipeline (0 reset(s)), 4 ranges over 2 partitions" in out
+
+
+def test_verify_names_a_commit_whose_start_skips_offsets(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 40)
+    cfg = make_config([topic])
+    # Batch 1 claims to start at 25 although batch 0 ended at 20: offsets 20-24 never landed.
+    # (The sink's own fencing check is what prevents this; a table restored from an older
+    # copy, or written by a broken job, is what verify is for.)
+    sink = DeltaRsSink(cfg.delta.table, cfg.pipeline_id)
+    app = f"{cfg.pipeline_id}.q"
+    sink.commit_batch(
+        _rows(0, 20),
+        BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 20}}).starting_at({topic: {0: 0}}),
+    )
+    sink.commit_batch(
+        _rows(25, 15),
+        BatchCommit(cfg.pipeline_id, app, 1, {topic: {0: 40}}).starting_at({topic: {0: 25}}),
+    )
+    _push_group(cfg, {topic: {0: 40}})
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify")
+    assert status == 1
+    assert out.splitlines()[-1] == (
+        f"verify: FAILED: ranges: {topic}:0: the commit at version 1 (batch 1 of {app}) starts "
+        "at 25, but the pipeline's previous commit ended at 20: a gap of 5 offsets [20, 25) "
+        "that no commit covers (records skipped)"
+    )
+
+
+def test_verify_names_an_overlap_and_a_batch_committed_twice(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 40)
+    cfg = make_config([topic])
+    sink = DeltaRsSink(cfg.delta.table, cfg.pipeline_id)
+    app = f"{cfg.pipeline_id}.q"
+    sink.commit_batch(
+        _rows(0, 30),
+        BatchCommit(cfg.pipeline_id, app, 0, {topic: {0: 30}}).starting_at({topic: {0: 0}}),
+    )
+    sink.commit_batch(
+        _rows(20, 20),
+        BatchCommit(cfg.pipeline_id, f"{app}2", 0, {topic: {0: 40}}).starting_at({topic: {0: 20}}),
+    )
+    _push_group(cfg, {topic: {0: 40}})
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify", "--ids", "id")
+    assert status == 1
+    assert "an overlap of 10 offsets [20, 30) (records written twice)" in out.splitlines()[-1]
+    assert "FAIL  ids: 50 rows but 40 distinct values of id: 10 duplicate rows" in out
+
+
+def test_verify_names_a_group_that_missed_its_commit(written, tmp_path, capsys) -> None:
+    cfg, topic = written
+    fresh = cfg.with_overrides(**{"kafka.consumer_group": cfg.kafka.consumer_group + "-new"})
+    status, out, _ = _cli(fresh, tmp_path, capsys, "verify")
+    assert status == 1
+    assert out.splitlines()[-1].startswith(
+        f"verify: FAILED: group: {topic}:0: consumer group {fresh.kafka.consumer_group} has "
+        "no committed offset, the table stores 40"
+    )
+
+
+def test_verify_names_a_dead_letter_outside_the_committed_ranges(
+    written, kafka_bootstrap, tmp_path, capsys
+) -> None:
+    from deltalake import write_deltalake
+
+    cfg, topic = written
+
+    def dead(partition: int, offset: int) -> pa.Table:
+        return pa.table(
+            {
+                "topic": [topic],
+                "partition": pa.array([partition], pa.int32()),
+                "offset": pa.array([offset], pa.int64()),
+                "error": ["bad"],
+            }
+        )
+
+    write_deltalake(cfg.dead_letter_table, dead(0, 5))  # inside batch 0's [0, 20)
+    write_deltalake(cfg.dead_letter_table, dead(1, 45), mode="append")  # its batch not in yet
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify")
+    assert status == 0, out
+    assert "2 dead letters, all inside the committed ranges (1 beyond the stored offsets" in out
+
+    # An operator skips 40-50 of partition 0; the pipeline then reads on from 50. A dead letter
+    # at 45 (sent before a main commit that never came) lies in no committed range.
+    produce_events(kafka_bootstrap, [topic], 40, first_id=80)  # latest 60 per partition
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=50")
+    assert status == 0, err
+    _sink_batches(cfg, [({topic: {0: 50, 1: 40}}, {topic: {0: 60, 1: 60}})], first_batch=2)
+    _push_group(cfg, {topic: {0: 60, 1: 60}})
+    write_deltalake(cfg.dead_letter_table, dead(0, 45), mode="append")
+    status, out, _ = _cli(cfg, tmp_path, capsys, "verify")
+    assert status == 1
+    assert out.splitlines()[-1] == (
+        f"verify: FAILED: dead letters: the dead letter at {topic}:0 offset 45 lies outside "
+        "every range the pipeline committed (the table's offsets skipped it)"
+    )
+    assert f"{topic}:0 40 -> 50" in out  # the reset is listed as a note, not a problem

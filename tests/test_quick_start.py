@@ -1,0 +1,178 @@
+"""The READMEs' quick start works when pasted as is: the template repo's README shows the
+generated README's commands, and those commands, run in order in a fresh project, start a
+broker, produce, stream, draw the picture and stop, with no address pasted anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "conf" / "embedded-local.yaml"
+ADDRESS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}:\d+|localhost:\d+|:<?port>?", re.I)
+
+
+def section(markdown: str, heading: str) -> str:
+    start = markdown.index(f"\n{heading}\n")
+    level = heading.split(" ")[0]
+    end = markdown.find(f"\n{level} ", start + len(heading) + 2)
+    return markdown[start : end if end >= 0 else None]
+
+
+def bash_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```bash block, without comments and blank lines."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    commands = [[line.split("  #")[0].strip() for line in b.splitlines()] for b in blocks]
+    return [[c for c in block if c] for block in commands]
+
+
+def repo_quick_start() -> tuple[list[str], list[str]]:
+    """The repo README's generate commands and the generated project's commands after them."""
+    text = section((ROOT / "README.md").read_text(encoding="utf-8"), "## Generate your own project")
+    generate, project = bash_blocks(text)[:2]
+    return generate, project
+
+
+def test_repo_readme_shows_the_generated_readmes_quick_start(tmp_path: Path) -> None:
+    generate, project_commands = repo_quick_start()
+    assert any("--no-input" in c and "embedded-local" in c for c in generate), generate
+    rendered = Path(
+        cookiecutter(
+            str(ROOT / "template"),
+            no_input=True,
+            config_file=str(PRESET),
+            output_dir=str(tmp_path),
+        )
+    )
+    readme = (rendered / "README.md").read_text(encoding="utf-8")
+    (generated,) = bash_blocks(section(readme, "## Run it locally"))[:1]
+
+    assert project_commands[0] == f"cd ../{rendered.name}"
+    assert project_commands[-1] == "python -m pytest"
+    assert project_commands[1:-1] == generated
+    # A venv first, then the install into it; scripts the project really has; no address.
+    assert generated[0] == "python -m venv .venv && . .venv/bin/activate"
+    assert generated[1] == "python -m pip install -e '.[dev]'"
+    for command in generated:
+        assert not ADDRESS.search(command), command
+        for script in re.findall(r"scripts/\S+", command):
+            assert os.access(rendered / script, os.X_OK), script
+
+
+@pytest.mark.skipif(
+    shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+    reason="Spark needs Java 17: java is not on PATH and JAVA_HOME is unset",
+)
+@pytest.mark.skipif(shutil.which("git") is None, reason="cruft create needs git on PATH")
+def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
+    tmp_path: Path,
+) -> None:
+    generate, project_commands = repo_quick_start()
+    (create,) = [c for c in generate if "--no-input" in c]
+    # "$PWD" of the README is this checkout, whose HEAD cruft clones: use a repository holding
+    # the working tree's template instead, with the checkout's .venv beside it.
+    repo = tmp_path / "repo"
+    shutil.copytree(
+        ROOT / "template",
+        repo / "template",
+        ignore=shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache"),
+    )
+    shutil.copytree(ROOT / "conf", repo / "conf")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "template"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        )
+    (repo / ".venv").symlink_to(ROOT / ".venv")
+
+    # The install is the README's, minus dependency resolution: the new venv sees this
+    # checkout's installed packages through a .pth file (downloading pyspark again per test
+    # run would take minutes). Everything else runs as written.
+    install = "python -m pip install -e '.[dev]'"
+    assert project_commands[-1] == "python -m pytest"  # the suite: tests/test_generated_project
+    script = ["set -euo pipefail", "set -x", f"cd {repo}", create]
+    for command in project_commands[:-1]:
+        if command == install:
+            shared = sysconfig.get_paths()["purelib"]
+            script.append(
+                "python -c 'import pathlib, sysconfig; pathlib.Path("
+                f'sysconfig.get_paths()["purelib"], "_shared.pth").write_text("{shared}\\n")\''
+            )
+            command = "python -m pip install --no-deps --no-build-isolation -e '.[dev]'"
+        script.append(command)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"PYTHONPATH", "KAFKA_BOOTSTRAP_SERVERS", "VIRTUAL_ENV", "PYSPARK_PYTHON"}
+    }
+    env.update(
+        HOME=str(tmp_path / "home"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PIP_NO_INDEX="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+    (tmp_path / "home").mkdir()
+    project = tmp_path / "orders-stream"
+    try:
+        run = subprocess.run(
+            ["bash", "-c", "\n".join(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        state = project / ".broker.json"
+        if state.exists():  # the script stopped before `scripts/broker.sh stop`
+            os.kill(json.loads(state.read_text())["pid"], signal.SIGTERM)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+
+    assert (project / ".cruft.json").is_file()
+    assert "using the broker scripts/broker.sh started" in run.stderr
+    assert "produced 10000 records to orders,payments" in run.stdout
+    (picture,) = [line for line in run.stdout.splitlines() if line.endswith(".png")]
+    assert Path(picture).is_relative_to(project / "data")
+    assert Path(picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(project / "data" / "tables" / "orders_stream")).to_pyarrow_table()
+    assert table.num_rows == 10000
+    assert len(set(table["id"].to_pylist())) == 10000
+    assert not (project / ".broker.json").exists()
+    # The generated .gitignore keeps what the commands wrote out of the project's repository.
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    untracked = {line[3:].split("/")[0] for line in status if line}
+    assert all((project / name).exists() for name in (".venv", "data", ".broker.log"))
+    assert untracked == {
+        ".cruft.json",
+        ".gitignore",
+        "README.md",
+        "conf",
+        "databricks.yml",
+        "pyproject.toml",
+        "scripts",
+        "src",
+        "tests",
+    }, untracked
+    assert not [line for line in status if "__pycache__" in line], status
