@@ -11,6 +11,7 @@ from {{ cookiecutter.package_name }}.embedded.source import (
     DataLossError,
     KafkaStreamReader,
     cap_offsets,
+    group_ranges,
     split_ranges,
 )
 from {{ cookiecutter.package_name }}.kafka_admin import Watermarks
@@ -87,6 +88,27 @@ def test_ranges_are_split_so_every_core_gets_work() -> None:
     assert split_ranges({"t": {0: 5}}, {"t": {0: 5}}, 4) == []
 
 
+def test_a_batch_runs_as_many_read_tasks_as_asked_each_range_read_once() -> None:
+    # Every Python task costs Spark a fixed set-up: sixteen partitions on two cores are read by
+    # two tasks of about equal size, not by sixteen.
+    reader = _reader(readTasks="2")
+    start = {"t": {p: 0 for p in range(16)}}
+    end = {"t": {p: 100 + 10 * p for p in range(16)}}
+
+    tasks = reader.partitions(offsets_to_json(start), offsets_to_json(end))
+
+    assert len(tasks) == 2
+    read = sorted((r.partition, r.start, r.end) for task in tasks for r in task.ranges)
+    assert read == [(p, 0, 100 + 10 * p) for p in range(16)]
+    loads = [sum(r.end - r.start for r in task.ranges) for task in tasks]
+    assert abs(loads[0] - loads[1]) <= 150  # at most one partition's worth apart
+    # Fewer ranges than tasks: one range per task, never an empty task.
+    assert group_ranges([("t", 0, 0, 5)], 4) == [[("t", 0, 0, 5)]]
+    # One large partition and many tasks: split, then one piece per task.
+    one = reader.partitions(offsets_to_json({"t": {0: 0}}), offsets_to_json({"t": {0: 1000}}))
+    assert [len(task.ranges) for task in one] == [1, 1]
+
+
 def _reader(**options: str) -> KafkaStreamReader:
     return KafkaStreamReader(
         {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", **options}
@@ -135,7 +157,7 @@ def test_a_partition_new_to_the_checkpoint_is_read_from_its_earliest_or_stored_o
         {"t": {"0": 10, "1": 10}}, {"t": {"0": 10, "1": 12, "2": 40}, "u": {"0": 50}}
     )
 
-    ranges = sorted((p.topic, p.partition, p.start, p.end) for p in planned)
+    ranges = sorted((r.topic, r.partition, r.start, r.end) for task in planned for r in task.ranges)
     assert ranges == [("t", 1, 10, 12), ("t", 2, 5, 40), ("u", 0, 30, 50)]
 
 

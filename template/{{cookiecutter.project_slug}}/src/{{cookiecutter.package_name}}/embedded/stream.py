@@ -12,7 +12,7 @@ from .source import SOURCE_NAME, KafkaDataSource
 
 
 def embedded_source_options(
-    kafka: KafkaConfig, stored: StoredOffsets | None, min_partitions: int
+    kafka: KafkaConfig, stored: StoredOffsets | None, read_tasks: int
 ) -> dict[str, str]:
     """Options of the ``kafka_embedded`` data source (see :mod:`.source`) for ``kafka``."""
     extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
@@ -22,7 +22,7 @@ def embedded_source_options(
         "startingOffsets": kafka.starting_offsets,
         "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
         "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
-        "minPartitions": str(min_partitions),
+        "readTasks": str(read_tasks),
         "kafkaConfig": json.dumps(extra),
     }
     if kafka.max_records_per_trigger:
