@@ -342,7 +342,7 @@ def test_a_spark_batch_of_the_wrong_schema_is_refused_before_any_task_runs(
     uri = str(tmp_path / "t")
     DeltaRsSink(uri, "p").commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
     tasks = []
-    monkeypatch.setattr(sink_module, "TaskWriter", lambda target: tasks.append(target))
+    monkeypatch.setattr(sink_module, "TaskWriter", lambda target, marks=None: tasks.append(target))
     frame = spark.createDataFrame([("x",)], "id string")
 
     with pytest.raises(SchemaMismatchError, match="column 'id' is string in the batch"):
@@ -351,3 +351,40 @@ def test_a_spark_batch_of_the_wrong_schema_is_refused_before_any_task_runs(
         )
 
     assert tasks == [] and len(_data_files(uri)) == 1
+
+
+@pytest.mark.spark
+def test_one_spark_job_writes_the_files_and_finds_the_dead_letters(spark, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    bad = F.col("id").isin(3, 8)
+    out = spark.range(0, 10, numPartitions=2).select(
+        "id",
+        F.lit("t").alias("topic"),
+        (F.col("id") % 2).cast("int").alias("partition"),
+        (F.col("id") + 100).alias("offset"),
+        F.when(bad, F.concat(F.lit("bad "), F.col("id").cast("string"))).alias("_error"),
+    )
+    context = spark.sparkContext
+    context.setJobGroup("materialize", "materialize")
+    try:
+        batch = sink.materialize(out)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+    # Kafka is read once: the same job wrote the files and set the dead letters aside.
+    assert len(context.statusTracker().getJobIdsForGroup("materialize")) == 1
+    assert sorted(batch.dead.to_pylist(), key=lambda r: r["offset"]) == [
+        {"topic": "t", "partition": 1, "offset": 103, "_error": "bad 3"},
+        {"topic": "t", "partition": 0, "offset": 108, "_error": "bad 8"},
+    ]
+    assert _data_files(uri) and not (Path(uri) / "_delta_log").exists()  # staged, invisible
+
+    result = sink.commit_batch(batch.rows, BatchCommit("p", "p.q", 0, {"t": {0: 5, 1: 5}}), {})
+
+    table = DeltaTable(uri)
+    assert result.written and result.rows == 8 and table.version() == 0
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [0, 1, 2, 4, 5, 6, 7, 9]
+    assert "_error" not in table.schema().to_arrow().names

@@ -41,9 +41,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Rows = pa.Table | DataFrame
-"""A batch's rows: a Spark DataFrame (both sinks write it from the executors), or a small Arrow
-table on the driver (the dead-letter records; the delta-rs sink writes it from the driver)."""
+
+class StagedRows(Protocol):
+    """A batch's rows a sink already wrote as data files of its table (invisible to readers),
+    waiting for the batch's commit."""
+
+    num_rows: int
+
+
+Rows = pa.Table | DataFrame | StagedRows
+"""A batch's rows: a Spark DataFrame (the delta-spark sink writes it from the executors), data
+files the delta-rs sink's tasks already wrote (:class:`StagedRows`), or Arrow on the driver (an
+upsert's MERGE source, the dead-letter records)."""
 
 # Classes whose presence on the JVM classpath tells that a connector's jars are there.
 CONNECTOR_CLASSES = {
@@ -279,7 +288,7 @@ def check_contiguous(
     )
 
 
-def _dead_positions_missing(columns: list[str]) -> None:
+def require_dead_letter_positions(columns: list[str]) -> None:
     missing = {"topic", "partition", "offset"} - set(columns)
     if missing:
         raise DeadLetterError(
@@ -296,7 +305,7 @@ def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     good = data.filter(pc.invert(marked)).drop_columns([DEAD_LETTER_COLUMN])
     if not pc.any(marked).as_py():
         return good, None
-    _dead_positions_missing(data.column_names)
+    require_dead_letter_positions(data.column_names)
     dead = data.filter(marked).select(["topic", "partition", "offset", DEAD_LETTER_COLUMN])
     return good, dead
 
@@ -340,7 +349,7 @@ def split_dead_letters_df(out: DataFrame) -> Materialized:
         found = dead_rows.select(*positions, DEAD_LETTER_COLUMN).toArrow()
         dead = found if found.num_rows else None
     elif not dead_rows.isEmpty():
-        _dead_positions_missing(out.columns)
+        require_dead_letter_positions(out.columns)
     good = cached.filter(~marked).drop(DEAD_LETTER_COLUMN)
     return Materialized(good, dead, release=cached.unpersist)
 

@@ -246,6 +246,17 @@ def open_filesystem(
     return pafs.PyFileSystem(handler), ""
 
 
+def discard_files(target: FileTarget, names: list[str]) -> None:
+    """Delete data files of ``target``'s table that no commit names; a local table folder they
+    leave empty (a table that never got a commit) goes too."""
+    fs, root = open_filesystem(target.table_uri, target.storage_options, target.via_delta_rs)
+    for name in names:
+        fs.delete_file(f"{root}/{name}" if root else name)
+    if root and isinstance(fs, pafs.LocalFileSystem):
+        if not fs.get_file_info(pafs.FileSelector(root)):
+            fs.delete_dir(root)
+
+
 # -- statistics ----------------------------------------------------------------------------
 
 
@@ -453,18 +464,68 @@ def write_files(
     return written
 
 
+# What a task returns: one row per data file it wrote, and one per dead letter it set aside (the
+# file columns null): the dead letters' positions and errors, never their rows.
+DEAD_LETTER_FIELDS = [
+    ("dead_topic", pa.string()),
+    ("dead_partition", pa.int32()),
+    ("dead_offset", pa.int64()),
+    ("dead_error", pa.string()),
+]
+TASK_OUTPUT_DDL = (
+    f"{FILE_METADATA_DDL}, dead_topic string, dead_partition int, dead_offset long, "
+    "dead_error string"
+)
+TASK_OUTPUT_SCHEMA = pa.schema([*FILE_METADATA_SCHEMA, *DEAD_LETTER_FIELDS])
+
+
+def _dead_letter_rows(batch: pa.RecordBatch, marked: pa.Array, error_column: str) -> pa.Table:
+    """The positions and errors of ``batch``'s marked rows, as task output rows (a position
+    column the transform dropped comes back null; the driver then refuses the batch)."""
+    dead = batch.filter(marked)
+    n = dead.num_rows
+    names = dead.schema.names
+    columns = {f.name: pa.nulls(n, f.type) for f in FILE_METADATA_SCHEMA}
+    for (name, dtype), source in zip(
+        DEAD_LETTER_FIELDS, ("topic", "partition", "offset", error_column), strict=True
+    ):
+        columns[name] = dead.column(source).cast(dtype) if source in names else pa.nulls(n, dtype)
+    return pa.table(columns, schema=TASK_OUTPUT_SCHEMA)
+
+
 class TaskWriter:
     """The function ``DataFrame.mapInArrow`` runs in each task's Python worker: writes the
-    task's rows as files and yields their metadata (the rows themselves never leave)."""
+    task's rows as files and yields their metadata (the rows themselves never leave).
 
-    def __init__(self, target: FileTarget) -> None:
+    With ``error_column`` (the transform's dead-letter column), rows where it is set are not
+    written: their positions and errors are returned instead, so one pass over the batch (one
+    read of Kafka) both writes the table's files and finds the dead letters.
+    """
+
+    def __init__(self, target: FileTarget, error_column: str | None = None) -> None:
         self.target = target
+        self.error_column = error_column
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         task = context.partitionId() if context is not None else 0
-        files = write_files(batches, self.target, task)
+        dead: list[pa.Table] = []
+
+        def good_rows() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                if self.error_column is not None and batch.num_rows:
+                    errors = batch.column(self.error_column)
+                    if errors.null_count < batch.num_rows:
+                        marked = pc.is_valid(errors)
+                        dead.append(_dead_letter_rows(batch, marked, self.error_column))
+                        batch = batch.filter(pc.invert(marked))
+                yield batch
+
+        files = write_files(good_rows(), self.target, task)
         if files:
-            yield pa.RecordBatch.from_pylist(files, schema=FILE_METADATA_SCHEMA)
+            rows = [{**f, **dict.fromkeys(n for n, _ in DEAD_LETTER_FIELDS)} for f in files]
+            yield pa.RecordBatch.from_pylist(rows, schema=TASK_OUTPUT_SCHEMA)
+        for table in dead:
+            yield from table.to_batches()

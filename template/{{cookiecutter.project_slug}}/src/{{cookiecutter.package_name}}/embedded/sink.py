@@ -28,6 +28,7 @@ import json
 import logging
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
@@ -40,7 +41,8 @@ from ..engine import (
     SinkResult,
     WriteMode,
     check_contiguous,
-    split_dead_letters_df,
+    require_dead_letter_positions,
+    split_dead_letters,
 )
 from ..faults import crash_point
 from ..offsets import (
@@ -53,8 +55,10 @@ from ..offsets import (
 )
 from ..transform import DEAD_LETTER_COLUMN
 from .file_writer import (
+    DEAD_LETTER_FIELDS,
     DEFAULT_STATS_COLUMNS,
-    FILE_METADATA_DDL,
+    FILE_METADATA_SCHEMA,
+    TASK_OUTPUT_DDL,
     FileTarget,
     SchemaMismatchError,
     TaskWriter,
@@ -62,6 +66,7 @@ from .file_writer import (
     check_batch_schema,
     check_table_supported,
     delta_arrow_schema,
+    discard_files,
     write_files,
 )
 from .offset_store import newest_stored_in, open_table
@@ -81,11 +86,16 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 10
 
 
-class _Files:
-    """The data files of one batch, written once, committed by one (possibly retried) commit."""
+class StagedFiles:
+    """The data files of one batch, written once (not yet part of the table), committed by one
+    (possibly retried) commit."""
 
-    def __init__(self, schema: pa.Schema, rows: list[dict]) -> None:
+    def __init__(self, schema: pa.Schema, rows: list[dict], target: FileTarget) -> None:
         self.schema = schema
+        self.target = target
+        # Set once a commit naming the files is attempted: from then on they may be in the
+        # table, even when the attempt raised, and only VACUUM may delete them.
+        self.handed_to_commit = False
         self.adds = [
             AddAction(
                 r["path"],
@@ -98,6 +108,13 @@ class _Files:
             for r in rows
         ]
         self.num_rows = sum(r["num_records"] for r in rows)
+
+    def discard_unless_committed(self) -> None:
+        """Delete the files when no commit naming them was ever attempted (the batch stopped
+        before its commit, e.g. on a dead letter with dead letters disabled): nothing is left
+        for VACUUM, and a table that never got a commit leaves no folder behind."""
+        if not self.handed_to_commit:
+            discard_files(self.target, [add.path for add in self.adds])
 
 
 class DeltaRsSink:
@@ -142,11 +159,19 @@ class DeltaRsSink:
         return open_table(self.table_uri, self.storage_options)
 
     def materialize(self, out: DataFrame) -> Materialized:
-        """The batch stays distributed. With a dead-letter column it is cached once (Kafka is
-        read once) and only the dead letters' positions come to the driver."""
-        if DEAD_LETTER_COLUMN not in out.columns:
-            return Materialized(out, None)
-        return split_dead_letters_df(out)
+        """Append: ONE Spark job in which every task writes its rows as data files of the table
+        and returns their metadata and the positions of its dead letters; neither the rows nor
+        the dead letters' records come to the driver. The files stay invisible until
+        :meth:`commit_batch` commits them. The pipeline calls this only once the batch passed
+        :meth:`check`, so a replay or a fenced run writes no file.
+
+        Upsert: delta-rs's MERGE takes its source in the driver process, so the batch is
+        collected to the driver as Arrow, once, and split there."""
+        if self.mode.kind == "upsert":
+            rows, dead = split_dead_letters(out.toArrow())
+            return Materialized(rows, dead)
+        files, dead = self._write_frame(self._table(), out, DEAD_LETTER_COLUMN)
+        return Materialized(files, dead, release=files.discard_unless_committed)
 
     # -- data files -------------------------------------------------------------------------
 
@@ -183,15 +208,19 @@ class DeltaRsSink:
             via_delta_rs=self.write_via_delta_rs,
         )
 
-    def _write_files(self, table: DeltaTable | None, rows: Rows) -> _Files:
-        """Write the batch's data files: by Spark's tasks for a DataFrame, here for Arrow."""
-        schema = self._schema_for(table, rows)
-        target = self._target(table, schema)
-        if isinstance(rows, DataFrame):
-            written = rows.mapInArrow(TaskWriter(target), FILE_METADATA_DDL).toArrow().to_pylist()
-        else:
-            written = write_files(rows.to_batches(), target)
-        files = _Files(schema, written)
+    def _write_frame(
+        self, table: DeltaTable | None, out: DataFrame, marks: str | None = None
+    ) -> tuple[StagedFiles, pa.Table | None]:
+        """Spark's tasks write ``out`` as data files of the table, in one job: (the files, the
+        positions and errors of the rows column ``marks`` set aside as dead letters)."""
+        marks = marks if marks in out.columns else None
+        schema = self._schema_for(table, out.drop(marks) if marks else out)
+        writer = TaskWriter(self._target(table, schema), marks)
+        returned = out.mapInArrow(writer, TASK_OUTPUT_DDL).toArrow()
+        is_file = pc.is_valid(returned.column("path"))
+        names = FILE_METADATA_SCHEMA.names
+        target = writer.target
+        files = StagedFiles(schema, returned.filter(is_file).select(names).to_pylist(), target)
         log.debug(
             "%d data file(s) of %d rows written to %s",
             len(files.adds),
@@ -199,10 +228,31 @@ class DeltaRsSink:
             self.table_uri,
         )
         crash_point("after_data_files")
+        marked = returned.filter(pc.invert(is_file))
+        if marked.num_rows == 0:
+            return files, None
+        require_dead_letter_positions(out.columns)
+        dead = marked.select([name for name, _ in DEAD_LETTER_FIELDS]).rename_columns(
+            ["topic", "partition", "offset", DEAD_LETTER_COLUMN]
+        )
+        return files, dead
+
+    def _write_files(self, table: DeltaTable | None, rows: Rows) -> StagedFiles:
+        """Write the batch's data files: by Spark's tasks for a DataFrame, here for Arrow;
+        files :meth:`materialize` already wrote are taken as they are."""
+        if isinstance(rows, StagedFiles):
+            rows.handed_to_commit = True
+            return rows
+        if isinstance(rows, DataFrame):
+            return self._write_frame(table, rows)[0]
+        schema = self._schema_for(table, rows)
+        target = self._target(table, schema)
+        files = StagedFiles(schema, write_files(rows.to_batches(), target), target)
+        crash_point("after_data_files")
         return files
 
     def _commit_files(
-        self, table: DeltaTable | None, files: _Files, properties: CommitProperties | None
+        self, table: DeltaTable | None, files: StagedFiles, properties: CommitProperties | None
     ) -> int:
         """Commit the written files in one commit on ``table``'s snapshot (creating the table
         when there is none); the new version. Raises ``CommitFailedError`` on a lost race."""
@@ -301,7 +351,9 @@ class DeltaRsSink:
     ) -> SinkResult:
         """Commit ``rows`` (a DataFrame, written by Spark's tasks, or Arrow, written here) as
         batch ``commit``; ``start`` (the batch's start offsets) enables the fencing check."""
-        files: _Files | None = None
+        files = rows if isinstance(rows, StagedFiles) else None
+        if files is not None:
+            files.handed_to_commit = True
         merge_source: pa.Table | None = None
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             table = self._table()
