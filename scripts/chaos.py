@@ -34,8 +34,9 @@ import harness
 
 REPO = harness.REPO
 CRASH_POINTS = ["after_delta_commit", "before_delta_commit", "in_commit_back", "mid_read"]
-# Reached only by the delta-spark sink: its commit is in Delta, the copy of its record not yet.
-SINK_CRASH_POINTS = {"delta_spark": ["before_commit_copy"]}
+# Reached by one sink only. delta-spark: its commit is in Delta, the copy of its record not yet.
+# delta-rs: the batch's data files are written by the tasks, the commit naming them not yet.
+SINK_CRASH_POINTS = {"delta_spark": ["before_commit_copy"], "delta_rs": ["after_data_files"]}
 
 
 def log(message: str) -> None:

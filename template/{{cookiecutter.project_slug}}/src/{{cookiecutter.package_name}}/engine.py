@@ -7,8 +7,8 @@ part          embedded (no JVM connector jars)            cluster (Databricks, o
 ============  =========================================  ========================================
 source        ``embedded``: Python data source on         ``spark_kafka``: Spark's built-in
               confluent-kafka (:mod:`.embedded.source`)   ``kafka`` format (:mod:`.cluster.source`)
-sink          ``delta_rs``: delta-rs, rows collected      ``delta_spark``: delta-spark writer
-              to the driver as Arrow                      options / MERGE session confs
+sink          ``delta_rs``: Parquet files written by      ``delta_spark``: delta-spark writer
+              the tasks, one delta-rs commit              options / MERGE session confs
 offset store  delta-rs table history                      ``DeltaTable.history()``
 ============  =========================================  ========================================
 
@@ -41,8 +41,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Rows = pa.Table | DataFrame
-"""A batch's rows: Arrow on the driver (delta-rs) or a Spark DataFrame (delta-spark)."""
+
+class StagedRows(Protocol):
+    """A batch's rows a sink already wrote as data files of its table (invisible to readers),
+    waiting for the batch's commit."""
+
+    num_rows: int
+
+
+Rows = pa.Table | DataFrame | StagedRows
+"""A batch's rows: a Spark DataFrame (the delta-spark sink writes it from the executors), data
+files the delta-rs sink's tasks already wrote (:class:`StagedRows`), or Arrow on the driver (an
+upsert's MERGE source, the dead-letter records)."""
 
 # Classes whose presence on the JVM classpath tells that a connector's jars are there.
 CONNECTOR_CLASSES = {
@@ -278,7 +288,7 @@ def check_contiguous(
     )
 
 
-def _dead_positions_missing(columns: list[str]) -> None:
+def require_dead_letter_positions(columns: list[str]) -> None:
     missing = {"topic", "partition", "offset"} - set(columns)
     if missing:
         raise DeadLetterError(
@@ -295,7 +305,7 @@ def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     good = data.filter(pc.invert(marked)).drop_columns([DEAD_LETTER_COLUMN])
     if not pc.any(marked).as_py():
         return good, None
-    _dead_positions_missing(data.column_names)
+    require_dead_letter_positions(data.column_names)
     dead = data.filter(marked).select(["topic", "partition", "offset", DEAD_LETTER_COLUMN])
     return good, dead
 
@@ -325,16 +335,21 @@ def unsent_dead_letters(dead: pa.Table, sent: Offsets) -> pa.Table:
 def split_dead_letters_df(out: DataFrame) -> Materialized:
     """:func:`split_dead_letters` for a sink that writes DataFrames: ``out`` is cached so the
     dead-letter check, the row count and the write compute the transform (and read Kafka)
-    once."""
+    once; only the dead letters' positions and errors come to the driver."""
     cached = out.persist()
     if DEAD_LETTER_COLUMN not in out.columns:
         return Materialized(cached, None, release=cached.unpersist)
     marked = F.col(DEAD_LETTER_COLUMN).isNotNull()
     dead_rows = cached.filter(marked)
     dead: pa.Table | None = None
-    if not dead_rows.isEmpty():
-        _dead_positions_missing(out.columns)
-        dead = dead_rows.select("topic", "partition", "offset", DEAD_LETTER_COLUMN).toArrow()
+    positions = ["topic", "partition", "offset"]
+    if set(positions) <= set(out.columns):
+        # One job computes (and caches) every partition and brings back only the dead letters'
+        # positions; an isEmpty() first would scan the partitions in several growing jobs.
+        found = dead_rows.select(*positions, DEAD_LETTER_COLUMN).toArrow()
+        dead = found if found.num_rows else None
+    elif not dead_rows.isEmpty():
+        require_dead_letter_positions(out.columns)
     good = cached.filter(~marked).drop(DEAD_LETTER_COLUMN)
     return Materialized(good, dead, release=cached.unpersist)
 

@@ -8,7 +8,8 @@ one comparison. The harness must start the pipeline in a session of its own
 worker daemon, which moves itself to a group of its own, so it never reaches the harness.
 
 Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
-``after_dead_letters`` (dead letters committed, main commit not yet), ``after_delta_commit``
+``after_dead_letters`` (dead letters committed, main commit not yet), ``after_data_files``
+(delta-rs sink: the batch's Parquet files are written, not yet committed), ``after_delta_commit``
 (the batch is in Delta; Spark has not recorded it), ``before_commit_copy`` (delta-spark sink:
 the batch is in Delta, the copy of its commit record not yet written), ``in_commit_back`` (the
 hook is about to commit to the group).
@@ -24,6 +25,7 @@ POINTS = frozenset(
         "mid_read",
         "before_delta_commit",
         "after_dead_letters",
+        "after_data_files",
         "after_delta_commit",
         "before_commit_copy",
         "in_commit_back",

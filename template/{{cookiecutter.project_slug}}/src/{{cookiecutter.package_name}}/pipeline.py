@@ -413,32 +413,34 @@ class Pipeline:
             end_offsets=end,
             rewound=self._rewound(end) if self.exactly_once else (),
         )
-        observation = Observation()
+        observation: Observation | None = Observation()
         out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
         if self.config.delta.mode == "upsert":
             out = out.transform(
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
             )
-        batch = self.sink.materialize(out)
+        start = self._batch_start(batch_id, end) if self.exactly_once else None
+        commit = commit.starting_at(start)  # recorded for `offsets verify`
         dead_sent = 0
-        try:
-            start = self._batch_start(batch_id, end) if self.exactly_once else None
-            commit = commit.starting_at(start)  # recorded for `offsets verify`
-            # Fencing first: a run that may not commit this batch writes no dead letters either.
-            # Without dead letters the main commit's own checks suffice: no second table read.
-            dead = batch.dead is not None
-            replay = dead and self.exactly_once and self.sink.check(commit, start)
-            dead_sent = 0
-            if dead and not replay:
-                dead_sent = self._dead_letters(df, batch.dead, commit)
-                self.summary.dead_letters += dead_sent
-            crash_point("before_delta_commit")
-            if self.exactly_once:
-                result = self.sink.commit_batch(batch.rows, commit, start=start)
-            else:
-                result = self.sink.append_unprotected(batch.rows)
-        finally:
-            batch.release()
+        # Fencing first, on the table as it is now: a run that may not commit this batch, or a
+        # replay of a batch the table has, runs no task: it reads nothing from Kafka and writes
+        # no data file and no dead letter.
+        if self.exactly_once and self.sink.check(commit, start):
+            result = SinkResult(written=False, rows=0, delta_version=None)
+            observation = None
+        else:
+            batch = self.sink.materialize(out)
+            try:
+                if batch.dead is not None:
+                    dead_sent = self._dead_letters(df, batch.dead, commit)
+                    self.summary.dead_letters += dead_sent
+                crash_point("before_delta_commit")
+                if self.exactly_once:
+                    result = self.sink.commit_batch(batch.rows, commit, start=start)
+                else:
+                    result = self.sink.append_unprotected(batch.rows)
+            finally:
+                batch.release()
         crash_point("after_delta_commit")
 
         hook_started = time.perf_counter()
@@ -458,9 +460,8 @@ class Pipeline:
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
-        progress = self._progress(
-            batch_id, records_read(observation), result, dead_sent, end, elapsed, hook_ms
-        )
+        read = 0 if observation is None else records_read(observation)
+        progress = self._progress(batch_id, read, result, dead_sent, end, elapsed, hook_ms)
         self._log_progress(progress)
         for listener in self.listeners:
             try:

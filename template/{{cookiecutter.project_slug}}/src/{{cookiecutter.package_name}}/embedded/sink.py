@@ -1,12 +1,37 @@
-"""Delta sink on delta-rs: one commit per micro-batch holding data, txn and end offsets."""
+"""Delta sink on delta-rs: one commit per micro-batch holding data, txn and end offsets.
+
+What runs where (append, the default):
+
+1. driver: on one snapshot of the table, the replay check and the fencing check (below), the
+   table's features and the batch's schema against the table's. A replay, a fenced batch or a
+   bad schema stops here: no task runs, no file is written.
+2. executors: ``DataFrame.mapInArrow`` runs :class:`.file_writer.TaskWriter` in every task's
+   Python worker; it writes the task's rows as Parquet files into the table's folder with
+   pyarrow and returns one small row per file (path, size, statistics). The rows never reach
+   the driver, so its memory does not grow with the batch.
+3. driver: ONE delta-rs commit of those ``add`` actions with the txn actions and the offsets
+   (``create_write_transaction``; ``create_table_with_add_actions`` for the first batch).
+
+Files no commit names (a crash between 2 and 3, a lost race that then fails the fencing check,
+a failed task) are invisible to readers; ``VACUUM`` deletes them.
+
+Upsert stays on the driver: delta-rs's MERGE takes its source in the driver process, so an
+upsert batch is collected to the driver as Arrow (after the checks of step 1) and MERGEd there
+with the same commit properties. Arrow tables handed to :meth:`DeltaRsSink.commit_batch`
+(the dead-letter table's few records, tests) are written by the driver with the same file
+writer and committed the same way.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, create_table_with_add_actions
 from pyspark.sql import DataFrame
 
 from ..engine import (
@@ -16,8 +41,10 @@ from ..engine import (
     SinkResult,
     WriteMode,
     check_contiguous,
+    require_dead_letter_positions,
     split_dead_letters,
 )
+from ..faults import crash_point
 from ..offsets import (
     BatchCommit,
     Offsets,
@@ -26,14 +53,68 @@ from ..offsets import (
     offsets_to_json,
     partitions_of,
 )
+from ..transform import DEAD_LETTER_COLUMN
+from .file_writer import (
+    DEAD_LETTER_FIELDS,
+    DEFAULT_STATS_COLUMNS,
+    FILE_METADATA_SCHEMA,
+    TASK_OUTPUT_DDL,
+    FileTarget,
+    SchemaMismatchError,
+    TaskWriter,
+    UnsupportedTableError,
+    check_batch_schema,
+    check_table_supported,
+    delta_arrow_schema,
+    discard_files,
+    write_files,
+)
 from .offset_store import newest_stored_in, open_table
 
-__all__ = ["DeltaRsSink", "FencingError", "SinkResult", "check_contiguous"]
+__all__ = [
+    "DeltaRsSink",
+    "FencingError",
+    "SchemaMismatchError",
+    "SinkResult",
+    "UnsupportedTableError",
+    "check_contiguous",
+]
 
 log = logging.getLogger(__name__)
 
 # A lost commit race is retried this often before giving up (each retry re-checks the table).
 _MAX_ATTEMPTS = 10
+
+
+class StagedFiles:
+    """The data files of one batch, written once (not yet part of the table), committed by one
+    (possibly retried) commit."""
+
+    def __init__(self, schema: pa.Schema, rows: list[dict], target: FileTarget) -> None:
+        self.schema = schema
+        self.target = target
+        # Set once a commit naming the files is attempted: from then on they may be in the
+        # table, even when the attempt raised, and only VACUUM may delete them.
+        self.handed_to_commit = False
+        self.adds = [
+            AddAction(
+                r["path"],
+                r["size"],
+                json.loads(r["partition_values"]),
+                r["modification_time"],
+                True,
+                r["stats"],
+            )
+            for r in rows
+        ]
+        self.num_rows = sum(r["num_records"] for r in rows)
+
+    def discard_unless_committed(self) -> None:
+        """Delete the files when no commit naming them was ever attempted (the batch stopped
+        before its commit, e.g. on a dead letter with dead letters disabled): nothing is left
+        for VACUUM, and a table that never got a commit leaves no folder behind."""
+        if not self.handed_to_commit:
+            discard_files(self.target, [add.path for add in self.adds])
 
 
 class DeltaRsSink:
@@ -42,18 +123,19 @@ class DeltaRsSink:
     The commit carries the rows, the batch's end offsets in ``userMetadata`` and the txn
     actions of :meth:`..offsets.BatchCommit.transactions`: ``(app_id, batch_id)``, the
     pipeline's fence ``seq`` and each partition's end offset (which Delta checkpoints keep, so
-    the offsets survive log cleanup). Before committing, on one snapshot of the table:
+    the offsets survive log cleanup). Before any data file is written, on one snapshot:
 
     - replay (I2): delta-rs, unlike delta-spark, does not skip a write whose txn version is
       already recorded, so the sink checks ``transaction_version`` itself; a replayed batch
-      writes nothing and still counts as success;
+      writes nothing (not even a data file) and still counts as success;
     - fencing (I6): the pipeline's stored offsets must equal the batch's start offsets.
 
     The commit is made with no automatic retry, so it only lands if no one committed since
-    that snapshot; on a lost race both checks run again on the new snapshot. Two runs of one
-    pipeline therefore cannot both commit a batch, while other writers (OPTIMIZE, other
-    pipelines) merely cost a retry. An upsert is a delta-rs MERGE with the same commit
-    properties, so it is as atomic, idempotent and fenced as an append.
+    that snapshot; on a lost race both checks run again on the new snapshot and the files
+    already written are committed again (never written twice). Two runs of one pipeline
+    therefore cannot both commit a batch, while other writers (OPTIMIZE, other pipelines)
+    merely cost a retry. An upsert is a delta-rs MERGE with the same commit properties, so it
+    is as atomic, idempotent and fenced as an append.
     """
 
     def __init__(
@@ -70,36 +152,134 @@ class DeltaRsSink:
         # (version, this pipeline's newest offsets as of that version): spares re-reading the
         # log when nobody else committed since our own last commit.
         self._known: tuple[int, StoredOffsets | None] | None = None
+        # Tests: route local tables through delta-rs's object store as remote ones are.
+        self.write_via_delta_rs = False
 
     def _table(self) -> DeltaTable | None:
         return open_table(self.table_uri, self.storage_options)
 
     def materialize(self, out: DataFrame) -> Materialized:
-        """One ``toArrow`` of the batch to the driver, split in Arrow (no second Spark job)."""
-        rows, dead = split_dead_letters(out.toArrow())
-        return Materialized(rows, dead)
+        """Append: ONE Spark job in which every task writes its rows as data files of the table
+        and returns their metadata and the positions of its dead letters; neither the rows nor
+        the dead letters' records come to the driver. The files stay invisible until
+        :meth:`commit_batch` commits them. The pipeline calls this only once the batch passed
+        :meth:`check`, so a replay or a fenced run writes no file.
 
-    def _append(
-        self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties | None
-    ) -> int:
-        """Append ``data`` in one commit (creating the table if needed); the new version."""
-        write_deltalake(
-            table if table is not None else self.table_uri,
-            data,
-            mode="append",
-            storage_options=self.storage_options or None,
-            commit_properties=properties,
+        Upsert: delta-rs's MERGE takes its source in the driver process, so the batch is
+        collected to the driver as Arrow, once, and split there."""
+        if self.mode.kind == "upsert":
+            rows, dead = split_dead_letters(out.toArrow())
+            return Materialized(rows, dead)
+        files, dead = self._write_frame(self._table(), out, DEAD_LETTER_COLUMN)
+        return Materialized(files, dead, release=files.discard_unless_committed)
+
+    # -- data files -------------------------------------------------------------------------
+
+    def _schema_for(self, table: DeltaTable | None, rows: Rows) -> pa.Schema:
+        """The Arrow schema the files are written in: the table's, once the batch is checked
+        against it and the table against what plain appended files can honour; for a new
+        table, the batch's own in Delta's types."""
+        if isinstance(rows, DataFrame):
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            # Any zone: zoned timestamps are stored in UTC whatever Spark labels them with.
+            batch = delta_arrow_schema(to_arrow_schema(rows.schema, timezone="UTC"))
+        else:
+            batch = delta_arrow_schema(rows.schema)
+        if table is None:
+            return batch
+        check_table_supported(table)
+        schema = pa.schema(table.schema().to_arrow())
+        check_batch_schema(batch, schema, self.table_uri)
+        return schema
+
+    def _target(self, table: DeltaTable | None, schema: pa.Schema) -> FileTarget:
+        stats_columns = DEFAULT_STATS_COLUMNS
+        if table is not None:
+            configured = table.metadata().configuration.get("delta.dataSkippingNumIndexedCols")
+            stats_columns = int(configured) if configured else DEFAULT_STATS_COLUMNS
+            if stats_columns < 0:  # -1: every column
+                stats_columns = len(schema)
+        return FileTarget(
+            self.table_uri,
+            schema,
+            self.storage_options,
+            stats_columns=stats_columns,
+            via_delta_rs=self.write_via_delta_rs,
         )
-        written = table if table is not None else self._table()
-        assert written is not None
-        return written.version()
 
-    def _write(self, table: DeltaTable | None, data: pa.Table, properties: CommitProperties) -> int:
-        """Apply the batch in one commit as the mode says; the new version."""
-        # An upsert's first batch (nothing to merge into) is an append, and so is an empty one:
-        # a MERGE without source rows may commit nothing, and the offsets must still advance.
-        if self.mode.kind != "upsert" or table is None or data.num_rows == 0:
-            return self._append(table, data, properties)
+    def _write_frame(
+        self, table: DeltaTable | None, out: DataFrame, marks: str | None = None
+    ) -> tuple[StagedFiles, pa.Table | None]:
+        """Spark's tasks write ``out`` as data files of the table, in one job: (the files, the
+        positions and errors of the rows column ``marks`` set aside as dead letters)."""
+        marks = marks if marks in out.columns else None
+        schema = self._schema_for(table, out.drop(marks) if marks else out)
+        writer = TaskWriter(self._target(table, schema), marks)
+        returned = out.mapInArrow(writer, TASK_OUTPUT_DDL).toArrow()
+        is_file = pc.is_valid(returned.column("path"))
+        names = FILE_METADATA_SCHEMA.names
+        target = writer.target
+        files = StagedFiles(schema, returned.filter(is_file).select(names).to_pylist(), target)
+        log.debug(
+            "%d data file(s) of %d rows written to %s",
+            len(files.adds),
+            files.num_rows,
+            self.table_uri,
+        )
+        crash_point("after_data_files")
+        marked = returned.filter(pc.invert(is_file))
+        if marked.num_rows == 0:
+            return files, None
+        require_dead_letter_positions(out.columns)
+        dead = marked.select([name for name, _ in DEAD_LETTER_FIELDS]).rename_columns(
+            ["topic", "partition", "offset", DEAD_LETTER_COLUMN]
+        )
+        return files, dead
+
+    def _write_files(self, table: DeltaTable | None, rows: Rows) -> StagedFiles:
+        """Write the batch's data files: by Spark's tasks for a DataFrame, here for Arrow;
+        files :meth:`materialize` already wrote are taken as they are."""
+        if isinstance(rows, StagedFiles):
+            rows.handed_to_commit = True
+            return rows
+        if isinstance(rows, DataFrame):
+            return self._write_frame(table, rows)[0]
+        schema = self._schema_for(table, rows)
+        target = self._target(table, schema)
+        files = StagedFiles(schema, write_files(rows.to_batches(), target), target)
+        crash_point("after_data_files")
+        return files
+
+    def _commit_files(
+        self, table: DeltaTable | None, files: StagedFiles, properties: CommitProperties | None
+    ) -> int:
+        """Commit the written files in one commit on ``table``'s snapshot (creating the table
+        when there is none); the new version. Raises ``CommitFailedError`` on a lost race."""
+        if table is None:
+            try:
+                create_table_with_add_actions(
+                    self.table_uri,
+                    Schema.from_arrow(files.schema),
+                    files.adds,
+                    mode="error",
+                    storage_options=self.storage_options or None,
+                    commit_properties=properties,
+                )
+            except DeltaError as exc:
+                if self._table() is None:
+                    raise
+                # Another writer created the table first: a lost race like any other.
+                raise CommitFailedError(f"the table was created concurrently: {exc}") from exc
+            return 0
+        # Appends never change the schema: the batch was checked against the table's.
+        table.create_write_transaction(
+            files.adds, "append", files.schema, commit_properties=properties
+        )
+        # Without retries the commit can only land right on top of the snapshot it was made on.
+        return table.version() + 1
+
+    def _merge(self, table: DeltaTable, data: pa.Table, properties: CommitProperties) -> int:
         merger = table.merge(
             source=data,
             predicate=self.mode.merge_predicate(),
@@ -110,6 +290,8 @@ class DeltaRsSink:
         merger = merger.when_matched_update_all(predicate=self.mode.update_predicate())
         merger.when_not_matched_insert_all().execute()
         return table.version()
+
+    # -- the checks -------------------------------------------------------------------------
 
     def stored_offsets(
         self, table: DeltaTable, commit: BatchCommit | None = None, start: Offsets | None = None
@@ -147,19 +329,32 @@ class DeltaRsSink:
         check_contiguous(stored, start, commit)
         return False
 
+    # -- committing -------------------------------------------------------------------------
+
     def append_unprotected(self, rows: Rows) -> SinkResult:
-        """Plain append: no txn, no offsets, no fencing. Only for measuring what the
-        exactly-once machinery costs (scripts/bench); a pipeline never uses it."""
-        data = _arrow(rows)
-        version = self._append(self._table(), data, None)
-        return SinkResult(written=True, rows=data.num_rows, delta_version=version)
+        """Plain append: no txn, no offsets, no fencing, by the same executor-side writer.
+        Only for measuring what the exactly-once machinery costs (scripts/bench); a pipeline
+        never uses it."""
+        table = self._table()
+        files = self._write_files(table, rows)
+        for _ in range(_MAX_ATTEMPTS):
+            try:
+                version = self._commit_files(table, files, None)
+            except CommitFailedError:
+                table = self._table()
+                continue
+            return SinkResult(written=True, rows=files.num_rows, delta_version=version)
+        raise FencingError(f"lost the commit race {_MAX_ATTEMPTS} times on {self.table_uri}")
 
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
-        """Commit ``rows`` as batch ``commit``; ``start`` (the batch's start offsets) enables
-        the fencing check."""
-        data = _arrow(rows)
+        """Commit ``rows`` (a DataFrame, written by Spark's tasks, or Arrow, written here) as
+        batch ``commit``; ``start`` (the batch's start offsets) enables the fencing check."""
+        files = rows if isinstance(rows, StagedFiles) else None
+        if files is not None:
+            files.handed_to_commit = True
+        merge_source: pa.Table | None = None
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             table = self._table()
             done = self._replayed(table, commit)
@@ -180,7 +375,24 @@ class DeltaRsSink:
                 max_commit_retries=0,
             )
             try:
-                version = self._write(table, data, properties)
+                if self.mode.kind == "upsert" and table is not None and files is None:
+                    # MERGE needs its source in this process (delta-rs): collected once.
+                    if merge_source is None:
+                        merge_source = _arrow(rows)
+                    if merge_source.num_rows:
+                        version = self._merge(table, merge_source, properties)
+                        rows_written = merge_source.num_rows
+                        return self._committed(commit, version, rows_written)
+                    rows = merge_source  # an empty upsert still commits its offsets
+                if files is None:
+                    files = self._write_files(table, rows)
+                elif table is not None:
+                    # Written for an older snapshot: still the table's schema?
+                    check_table_supported(table)
+                    check_batch_schema(
+                        files.schema, pa.schema(table.schema().to_arrow()), self.table_uri
+                    )
+                version = self._commit_files(table, files, properties)
             except CommitFailedError as exc:
                 log.info(
                     "batch %d: another commit landed first (%s); re-checking (attempt %d)",
@@ -189,23 +401,24 @@ class DeltaRsSink:
                     attempt,
                 )
                 continue
-            self._known = (
-                version,
-                StoredOffsets(
-                    commit.end_offsets, version, commit.app_id, commit.batch_id, commit.seq
-                ),
-            )
-            log.debug(
-                "batch %d committed at version %d: %s",
-                commit.batch_id,
-                version,
-                offsets_to_json(commit.end_offsets),
-            )
-            return SinkResult(written=True, rows=data.num_rows, delta_version=version)
+            return self._committed(commit, version, files.num_rows)
         raise FencingError(
             f"batch {commit.batch_id}: lost the commit race {_MAX_ATTEMPTS} times in a row on "
             f"{self.table_uri}; too many concurrent writers"
         )
+
+    def _committed(self, commit: BatchCommit, version: int, rows: int) -> SinkResult:
+        self._known = (
+            version,
+            StoredOffsets(commit.end_offsets, version, commit.app_id, commit.batch_id, commit.seq),
+        )
+        log.debug(
+            "batch %d committed at version %d: %s",
+            commit.batch_id,
+            version,
+            offsets_to_json(commit.end_offsets),
+        )
+        return SinkResult(written=True, rows=rows, delta_version=version)
 
 
 def _arrow(rows: Rows) -> pa.Table:
