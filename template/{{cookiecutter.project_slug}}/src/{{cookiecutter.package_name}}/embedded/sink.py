@@ -2,18 +2,22 @@
 
 What runs where (append, the default):
 
-1. driver: on one snapshot of the table, the replay check and the fencing check (below), the
-   table's features and the batch's schema against the table's. A replay, a fenced batch or a
-   bad schema stops here: no task runs, no file is written.
-2. executors: ``DataFrame.mapInArrow`` runs :class:`.file_writer.TaskWriter` in every task's
-   Python worker; it writes the task's rows as Parquet files into the table's folder with
-   pyarrow and returns one small row per file (path, size, statistics). The rows never reach
-   the driver, so its memory does not grow with the batch.
-3. driver: ONE delta-rs commit of those ``add`` actions with the txn actions and the offsets
+1. driver (:meth:`DeltaRsSink.check`, called by the pipeline first): the replay check and the
+   fencing check (below). A replay or a fenced batch stops here: no task runs, nothing is read
+   from Kafka, no file is written. Then (:meth:`DeltaRsSink.materialize`) the table's features
+   and the batch's schema against the table's; a bad schema stops here too.
+2. executors, in ONE Spark job: ``DataFrame.mapInArrow`` runs :class:`.file_writer.TaskWriter`
+   in every task's Python worker; it writes the task's rows as Parquet files into the table's
+   folder with pyarrow and returns one small row per file (path, size, statistics) and one per
+   row the transform marked as a dead letter (its position and error; not written). The rows
+   never reach the driver, so its memory does not grow with the batch.
+3. driver: the dead letters, if any, are committed to their table first (the pipeline), then
+   ONE delta-rs commit of the ``add`` actions with the txn actions and the offsets
    (``create_write_transaction``; ``create_table_with_add_actions`` for the first batch).
 
 Files no commit names (a crash between 2 and 3, a lost race that then fails the fencing check,
-a failed task) are invisible to readers; ``VACUUM`` deletes them.
+a failed task) are invisible to readers; ``VACUUM`` deletes them. A batch that stops before
+its commit is attempted (a dead letter with dead letters disabled) deletes its files itself.
 
 Upsert stays on the driver: delta-rs's MERGE takes its source in the driver process, so an
 upsert batch is collected to the driver as Arrow (after the checks of step 1) and MERGEd there
