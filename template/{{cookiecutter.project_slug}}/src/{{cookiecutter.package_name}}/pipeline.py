@@ -67,26 +67,21 @@ __all__ = [
 DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
 
 
-def dead_letter_records(df: DataFrame, dead: pa.Table) -> pa.Table:
-    """The original Kafka records of the dead letters, with their error.
+def dead_letter_records(df: DataFrame, dead: pa.Table) -> DataFrame:
+    """The original Kafka records of the dead letters, with their error, as a DataFrame the
+    dead-letter sink writes like any batch (from the executors).
 
-    Only the marked positions are looked up again in the batch's input (its offset ranges
-    are fixed, so the records are the same), which costs nothing when no record is bad.
+    Only the marked positions (a few rows, broadcast) are looked up again in the batch's input
+    (its offset ranges are fixed, so the records are the same), which costs nothing when no
+    record is bad.
     """
     spark = df.sparkSession
     positions = spark.createDataFrame(
-        dead.select(["topic", "partition", "offset"]).to_pylist(),
-        "topic string, partition int, offset long",
-    )
-    originals = (
-        df.join(F.broadcast(positions), ["topic", "partition", "offset"], "left_semi")
-        .select(*DEAD_LETTER_KAFKA_COLUMNS)
-        .toArrow()
-    )
-    errors = dead.rename_columns(["topic", "partition", "offset", "error"])
-    joined = originals.join(errors, ["topic", "partition", "offset"], join_type="inner")
-    return joined.select([*DEAD_LETTER_KAFKA_COLUMNS, "error"]).sort_by(
-        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+        dead.select(["topic", "partition", "offset", DEAD_LETTER_COLUMN]).to_pylist(),
+        f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string",
+    ).withColumnRenamed(DEAD_LETTER_COLUMN, "error")
+    return df.join(F.broadcast(positions), ["topic", "partition", "offset"], "inner").select(
+        *DEAD_LETTER_KAFKA_COLUMNS, "error"
     )
 
 
