@@ -37,11 +37,7 @@ import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
-# One row per data file, what a task returns to the driver (a Spark DDL schema for mapInArrow).
-FILE_METADATA_DDL = (
-    "path string, size long, partition_values string, modification_time long, "
-    "stats string, num_records long"
-)
+# One row per data file, what a task returns to the driver.
 FILE_METADATA_SCHEMA = pa.schema(
     [
         ("path", pa.string()),
@@ -472,10 +468,6 @@ DEAD_LETTER_FIELDS = [
     ("dead_offset", pa.int64()),
     ("dead_error", pa.string()),
 ]
-TASK_OUTPUT_DDL = (
-    f"{FILE_METADATA_DDL}, dead_topic string, dead_partition int, dead_offset long, "
-    "dead_error string"
-)
 TASK_OUTPUT_SCHEMA = pa.schema([*FILE_METADATA_SCHEMA, *DEAD_LETTER_FIELDS])
 
 

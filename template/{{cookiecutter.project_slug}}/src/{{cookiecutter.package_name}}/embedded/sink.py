@@ -37,6 +37,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..engine import (
     FencingError,
@@ -62,7 +63,7 @@ from .file_writer import (
     DEAD_LETTER_FIELDS,
     DEFAULT_STATS_COLUMNS,
     FILE_METADATA_SCHEMA,
-    TASK_OUTPUT_DDL,
+    TASK_OUTPUT_SCHEMA,
     FileTarget,
     SchemaMismatchError,
     TaskWriter,
@@ -219,11 +220,11 @@ class DeltaRsSink:
         positions and errors of the rows column ``marks`` set aside as dead letters)."""
         marks = marks if marks in out.columns else None
         schema = self._schema_for(table, out.drop(marks) if marks else out)
-        writer = TaskWriter(self._target(table, schema), marks)
-        returned = out.mapInArrow(writer, TASK_OUTPUT_DDL).toArrow()
+        target = self._target(table, schema)
+        writer = TaskWriter(target, marks)
+        returned = out.mapInArrow(writer, from_arrow_schema(TASK_OUTPUT_SCHEMA)).toArrow()
         is_file = pc.is_valid(returned.column("path"))
         names = FILE_METADATA_SCHEMA.names
-        target = writer.target
         files = StagedFiles(schema, returned.filter(is_file).select(names).to_pylist(), target)
         log.debug(
             "%d data file(s) of %d rows written to %s",
