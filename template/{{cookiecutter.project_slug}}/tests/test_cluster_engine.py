@@ -311,3 +311,65 @@ def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_s
     delta_pip = pytest.importorskip("delta.pip_utils")
     builder = delta_pip.configure_spark_with_delta_pip(SparkSession.Builder())
     assert builder._options["spark.jars.packages"] == packages[0]
+
+
+def _delta_spark_sink(spark, tmp_path: Path):
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
+    from {{ cookiecutter.package_name }}.cluster.sink import DeltaSparkSink
+
+    uri = str(tmp_path / "table")
+    return uri, lambda: DeltaSparkSink(spark, uri, "p")
+
+
+def _ids(spark, *ids: int):
+    return spark.createDataFrame([(i,) for i in ids], "id long")
+
+
+def test_a_delta_spark_batch_reads_the_history_in_its_check_and_once_more_to_confirm(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    sink = new_sink()
+    first = BatchCommit("p", "p.q", 0, {"o": {0: 1}})
+    assert not sink.check(first, {})
+    assert sink.commit_batch(_ids(spark, 1), first, {}).written
+    reads: list[int | None] = []
+    history = SparkDeltaTable.history
+
+    def counted(self, limit=None):
+        reads.append(limit)
+        return history(self) if limit is None else history(self, limit)
+
+    monkeypatch.setattr(SparkDeltaTable, "history", counted)
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
+    assert not sink.check(second, {"o": {0: 1}})
+    assert len(reads) == 1
+    # The write reuses what the check read; the one read after it confirms the commit is ours.
+    assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).written
+    assert len(reads) == 2
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+
+
+def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_nothing(
+    spark, tmp_path: Path
+) -> None:
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    from {{ cookiecutter.package_name }}.engine import FencingError
+
+    run_a, run_b = new_sink(), new_sink()
+    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
+    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
+    assert not run_b.check(late, {"o": {0: 1}})  # the table ends where run B starts...
+    # ...until run A commits the same range between run B's check and its write.
+    run_a.commit_batch(
+        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
+    )
+
+    with pytest.raises(FencingError, match="lost to a concurrent run"):
+        run_b.commit_batch(_ids(spark, 20, 30), late, {"o": {0: 1}})
+
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]

@@ -14,8 +14,9 @@ delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
 ``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see :mod:`..offsets`).
 
 Fencing (I6), atomic: the stored offsets must equal the batch's start, checked on the history
-just before the write; between that check and the commit, every run of the pipeline (same
-checkpoint or not) reads and writes the same fence appId, so delta-spark's conflict checker
+before the batch's tasks run (:meth:`DeltaSparkSink.check`; the write does not read it again);
+between that check and the commit, every run of the pipeline (same checkpoint or not) reads and
+writes the same fence appId, so delta-spark's conflict checker
 rejects the second of two concurrent commits (``ConcurrentTransactionException``), and a run
 whose ``seq`` another run already used is skipped by delta-spark itself. Either way the sink
 reads the pipeline's newest commit back and raises :class:`FencingError` unless it is this
@@ -36,6 +37,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -106,6 +108,9 @@ class DeltaSparkSink:
         self.pipeline_id = pipeline_id
         self.mode = mode or WriteMode()
         self.copies = CommitCopies(spark, table_uri, pipeline_id)
+        # What :meth:`check` read for a batch (its identity, table handle, stored offsets), for
+        # :meth:`commit_batch` of the same batch: each read of the history costs a Spark job.
+        self._checked: tuple[tuple[str, int], Any, StoredOffsets | None] | None = None
 
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark."""
@@ -140,18 +145,28 @@ class DeltaSparkSink:
     def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
-        stored = self._stored(delta_table(self.spark, self.table_uri), commit, start)
+        self._checked = None
+        table = delta_table(self.spark, self.table_uri)
+        stored = self._stored(table, commit, start)
         if self._is_replay(stored, commit):
             return True
         check_contiguous(stored, start, commit)
+        self._checked = ((commit.app_id, commit.batch_id), table, stored)
         return False
 
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
         # One handle for the checks and the write; its history() reads the log as it is now.
-        table = delta_table(self.spark, self.table_uri)
-        stored = self._stored(table, commit, start)
+        # A batch that passed check() keeps what it read there: a run that commits in between
+        # takes the fence seq this batch would write, so delta-spark skips this write and the
+        # read-back below raises FencingError, exactly as for a race during the write itself.
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == (commit.app_id, commit.batch_id):
+            _, table, stored = checked
+        else:
+            table = delta_table(self.spark, self.table_uri)
+            stored = self._stored(table, commit, start)
         if self._is_replay(stored, commit):
             log.info(
                 "batch %d of %s is already in the table (%s): replay skipped",
