@@ -115,7 +115,15 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"PYTHONPATH", "KAFKA_BOOTSTRAP_SERVERS", "VIRTUAL_ENV", "PYSPARK_PYTHON"}
+        if k
+        not in {
+            "PYTHONPATH",
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "VIRTUAL_ENV",
+            "PYSPARK_PYTHON",
+            "SPARK_CLASS_ARCHIVE",
+            "XDG_CACHE_HOME",
+        }
     }
     env.update(
         HOME=str(tmp_path / "home"),
@@ -153,6 +161,11 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
     assert table.num_rows == 10000
     assert len(set(table["id"].to_pylist())) == 10000
     assert not (project / ".broker.json").exists()
+    # The first run's JVM recorded the class archive of Spark's classes as it exited, complete
+    # (the JDK writes the header last), in the user's cache; the next run promotes and maps it.
+    assert "records a class archive of Spark's classes" in run.stderr
+    (recording,) = (tmp_path / "home" / ".cache" / "spark-class-archive").glob("spark-*.recording")
+    assert recording.read_bytes()[:4] == (0xF00BABA8).to_bytes(4, "little")
     # The generated .gitignore keeps what the commands wrote out of the project's repository.
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     status = subprocess.run(

@@ -16,6 +16,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # PYTHONPATH from the JVM, which inherits it from this process.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
 os.environ["PYSPARK_PYTHON"] = sys.executable
+# scripts/run_local.sh, started by some tests, would record a ~150 MB class archive of Spark's
+# JVM classes into the user's cache as it exits; tests/test_jvm_archive.py tests that apart.
+os.environ["SPARK_CLASS_ARCHIVE"] = "off"
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig  # noqa: E402
 
