@@ -39,6 +39,7 @@ O = (row 5 - row 4) / row 5 x 100; R = the Python driver's peak RSS with the lar
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -51,6 +52,8 @@ from benchlib.runner import Bench
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # A crash inside a native library (librdkafka, delta-rs) prints the Python stack it hit.
+    faulthandler.enable()
     if argv[:1] == ["_worker"]:
         return worker_main(argv[1])
     return Bench(parse_args(argv, description=__doc__)).run()

@@ -66,7 +66,7 @@ def _csv(out: Path) -> list[dict[str, str]]:
 def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Path) -> None:
     started = time.monotonic()
     jars = cli.default_delta_jars()
-    _, figures = _bench(
+    result, figures = _bench(
         TINY,
         tmp_path,
         timeout=600,
@@ -127,6 +127,9 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     assert flat["verified"] == "True" and int(flat["batches"]) == 3, flat
     assert float(flat["driver_rss_first_mb"]) > 0 and float(flat["driver_rss_last_mb"]) > 0
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A first, untimed run recorded the JVM class archive the timed runs map; gone after.
+    assert "JVM class archive: recorded by a first run" in result.stdout, result.stdout
+    assert not (tmp_path / "jvm-archive").exists()
     # Tables are removed once verified; the generated project and the logs stay for reading.
     assert not any((tmp_path / "tables").glob("*"))
     print(f"tiny benchmark took {elapsed:.0f}s")
@@ -153,6 +156,7 @@ def test_without_delta_spark_jars_row_6_says_so_and_the_run_still_succeeds(
         timeout=300,
     )
     assert "skipped: no delta-spark jars" in result.stdout
+    assert "records the class archive" not in result.stdout  # no Spark run: no recording run
     (row,) = _csv(out)
     assert (row["row"], row["verified"]) == ("6", "skipped")
     assert str(empty) in row["note"] and "holds no .jar file" in row["note"]

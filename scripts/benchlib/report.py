@@ -41,6 +41,7 @@ class Results:
     sweep: list[Row] = field(default_factory=list)
     memory: list[Row] = field(default_factory=list)  # RSS points, then the many-batch run
     problems: list[str] = field(default_factory=list)
+    class_archive: str = ""  # the JVM class archive the Spark runs started from, if any
 
 
 # -- derived figures ------------------------------------------------------------------------
@@ -145,6 +146,8 @@ def print_table(results: Results) -> None:
                 f"row {r.number} start-up {r.startup_s:.1f}s: "
                 + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items())
             )
+    if results.class_archive:
+        say(f"JVM class archive: {results.class_archive}")
     notes = [f"{r.number}: {r.note}" for r in rows if r.note]
     if notes:
         say("notes: " + "; ".join(notes))

@@ -60,6 +60,12 @@ def _spark(spec: dict[str, Any]) -> Any:
         "spark.sql.session.timeZone": "UTC",
     }.items():
         builder = builder.config(key, value)
+    # As scripts/run_local.sh: the JVM maps Spark's classes from the class-data archive, or
+    # records it at exit when there is none yet (the orchestrator's first run does).
+    archive = _import_package(spec, "jvm_archive")
+    options = archive.option_string(archive.java_options(os.getpid()))
+    if options:
+        builder = builder.config("spark.driver.extraJavaOptions", options)
     if spec.get("jars"):
         builder = builder.config("spark.jars", ",".join(spec["jars"]))
         for key, value in _import_package(spec, "engine").DELTA_SESSION_CONFS.items():
@@ -197,9 +203,27 @@ def work_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
         result = _run_pipeline(spark, spec, spec, probe)
         result["driver_peak_mb"], result["jvm_peak_mb"] = probe.peaks()
     finally:
-        spark.stop()
+        jvm_exit_s = _stop(spark)
     result["spark_session_s"] = session_ready - session_started
+    result["jvm_exit_s"] = jvm_exit_s
     return result
+
+
+def _stop(spark: Any) -> float | None:
+    """Stop the session, then the JVM, and wait for it: a JVM that records the class archive
+    writes it as it exits, which must be over before this worker is done (the orchestrator
+    signals what is left of its process group). Returns the seconds the JVM took to exit."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    proc = getattr(gateway, "proc", None)
+    if proc is None or proc.stdin is None:
+        return None
+    started = time.perf_counter()
+    proc.stdin.close()  # Spark's gateway JVM exits when its Python driver's pipe closes
+    proc.wait(timeout=300)
+    return time.perf_counter() - started
 
 
 def work_session(spec: dict[str, Any]) -> dict[str, Any]:
@@ -225,5 +249,5 @@ def work_session(spec: dict[str, Any]) -> dict[str, Any]:
                 log.exception("%s point %s failed", run["role"], run["name"])
                 points.append({**run, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
     finally:
-        spark.stop()
+        _stop(spark)
     return {"points": points}
