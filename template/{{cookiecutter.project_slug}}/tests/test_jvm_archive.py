@@ -124,6 +124,24 @@ def test_an_unwritable_folder_costs_the_archive_not_the_run(tmp_path: Path) -> N
     assert jvm_archive.java_options(os.getpid(), env) == []
 
 
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_no_recording_where_the_archive_might_not_fit_a_failed_write_would_fail_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A JVM that cannot write its recording at exit exits with status 1 whatever its run did.
+    env = _env(tmp_path)
+    if jvm_archive.key(env) is None:
+        pytest.skip("no archive can be made here (no base CDS archive, or a folder on the path)")
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(
+        jvm_archive.shutil,
+        "disk_usage",
+        lambda path: usage._replace(free=jvm_archive.RECORD_FREE_BYTES - 1),
+    )
+    assert jvm_archive.java_options(os.getpid(), env) == []
+    assert list((tmp_path / "archives").iterdir()) == []
+
+
 def test_options_are_one_string_spark_splits_back_into_the_same_options() -> None:
     options = ["-XX:SharedArchiveFile=/home/a user/.cache/x.jsa", "-Xlog:cds=error"]
     assert jvm_archive.option_string(options) == (

@@ -45,6 +45,9 @@ DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 # generated accessors): dozens of lines at exit that say nothing about the run.
 RECORD_LOGGING = "-Xlog:cds=error,cds+dynamic=error"
 UNUSED_DAYS = 30
+# A JVM that cannot write its recording at exit exits with status 1 ("Unable to create shared
+# archive file"), whatever its run did: record only where a ~150 MB file surely fits.
+RECORD_FREE_BYTES = 1 << 30
 # Variables whose folders or entries Spark's launcher puts on the JVM's class path.
 CLASSPATH_VARIABLES = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
 
@@ -172,10 +175,14 @@ def java_options(pid: int, env: Mapping[str, str] = os.environ) -> list[str]:
         if archive is not None:
             os.utime(archive)
             return [f"-XX:SharedArchiveFile={archive}"]
+        recording = folder / f"spark-{archive_key}.{pid}.recording"
+        recording.touch()  # the folder takes files: the JVM replaces this one as it exits
+        if shutil.disk_usage(folder).free < RECORD_FREE_BYTES:
+            recording.unlink()
+            return []
     except OSError as exc:  # an unwritable cache folder costs the speed-up, never the run
         print(f"jvm_archive: {folder}: {exc}; starting without a class archive", file=sys.stderr)
         return []
-    recording = folder / f"spark-{archive_key}.{pid}.recording"
     return [f"-XX:ArchiveClassesAtExit={recording}", RECORD_LOGGING]
 
 
