@@ -108,3 +108,27 @@ def test_a_batch_starting_past_a_restored_table_is_refused(tmp_path: Path) -> No
         DeltaRsSink(uri, "p").commit_batch(
             _rows(2), BatchCommit("p", "p.q", 1, {"o": {0: 12}}), start={"o": {0: 9}}
         )
+
+
+def test_a_table_the_sink_creates_writes_a_delta_checkpoint_every_10_commits(
+    tmp_path: Path,
+) -> None:
+    # Every open of the table replays the JSON commits since the last checkpoint: with
+    # delta-rs's default of 100 the driver's memory and each open grow batch after batch.
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    for batch in range(12):
+        sink.commit_batch(_rows(batch), BatchCommit("p", "p.q", batch, {"o": {0: batch + 1}}))
+
+    table = DeltaTable(uri)
+    assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+    log = tmp_path / "t" / "_delta_log"
+    # The 10th commit (version 9) wrote it.
+    assert [p.name for p in log.glob("*.checkpoint.parquet")] == [
+        "00000000000000000009.checkpoint.parquet"
+    ]
+    # A table that already existed keeps its own properties.
+    other = str(tmp_path / "existing")
+    write_deltalake(other, _rows(0))
+    DeltaRsSink(other, "p").commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
+    assert "delta.checkpointInterval" not in DeltaTable(other).metadata().configuration
