@@ -21,7 +21,7 @@ case " $* " in
      fi ;;
 esac
 # The JVM maps Spark's classes from a class-data archive, which the first run records as its JVM
-# exits (src/{{ cookiecutter.package_name }}/jvm_archive.py): later starts are ~2 s shorter.
+# exits (src/{{ cookiecutter.package_name }}/jvm_archive.py): later starts are 2-3 s shorter.
 # SPARK_CLASS_ARCHIVE=off turns it off. $$ is the JVM's pid: this script and spark-submit exec.
 JVM_ARCHIVE="$("$PYTHON" -m {{ cookiecutter.package_name }}.jvm_archive options --pid $$)" || JVM_ARCHIVE=""
 SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
