@@ -38,6 +38,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from .processes import pid_exists
+
 ENV = "SPARK_CLASS_ARCHIVE"
 # First 4 bytes of a JDK dynamic archive (CDS_DYNAMIC_ARCHIVE_MAGIC), little-endian.
 DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
@@ -119,16 +121,6 @@ def key(env: Mapping[str, str] = os.environ) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _complete(recording: Path) -> bool:
     try:
         with recording.open("rb") as file:
@@ -146,7 +138,7 @@ def promote(folder: Path, archive_key: str) -> Path | None:
             os.replace(recording, archive)
             continue
         owner = recording.name.split(".")[1]
-        if not owner.isdigit() or not _alive(int(owner)):
+        if not owner.isdigit() or not pid_exists(int(owner)):
             recording.unlink(missing_ok=True)
     return archive if archive.is_file() else None
 

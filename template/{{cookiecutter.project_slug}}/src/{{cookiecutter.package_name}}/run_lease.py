@@ -38,6 +38,7 @@ from pyarrow import fs as pafs
 from .checkpoint import local_path
 from .config import PipelineConfig
 from .offsets import TABLE_SIDE_FOLDER
+from .processes import pid_exists
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,8 @@ def _process_start(pid: int) -> int | None:
 
 
 def _pid_alive(pid: int, pid_start: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        pass  # alive, owned by someone else
     if pid_start is None:
         return True
     now_start = _process_start(pid)

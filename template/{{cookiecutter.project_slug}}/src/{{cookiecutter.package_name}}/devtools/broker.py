@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ..processes import pid_exists
+
 HOST = "127.0.0.1"
 
 
@@ -177,13 +179,7 @@ def _running(state: dict[str, Any]) -> bool:
             return b"tansu" in cmdline.read_bytes()
         except OSError:
             return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_exists(pid)
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
