@@ -1,0 +1,105 @@
+"""A Delta table's history as it is in effect: what a ``RESTORE`` undid is not part of it.
+
+``RESTORE TABLE ... TO VERSION AS OF V`` (delta-spark) and ``DeltaTable.restore(V)`` (delta-rs)
+commit a new version whose data is that of version V. The commits between V and the restore
+stay in the log, with their ``userMetadata``, and neither engine reverts ``txn`` actions. A
+reader that takes the newest commit record in the log as the table's state would therefore see
+offsets whose rows the restore removed: the pipeline would resume after them, and lose them.
+
+The rule: walking the history newest first, a RESTORE to V hides every entry whose version lies
+above V (and below the restore). Restores can nest (a restore to a version that itself was
+restored over), which the walk handles by lowering its ceiling as it goes. Both engines write
+``operationParameters`` with ``version`` (a string); delta-spark, given a timestamp, writes only
+``timestamp``, resolved here to the newest version committed at or before it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+
+
+class RestoreUnreadableError(ValueError):
+    """A RESTORE commit does not say which version it restored to."""
+
+
+def restored_to(entry: Mapping[str, object], history: list[Mapping[str, object]]) -> int | None:
+    """The version a RESTORE entry restored the table to; None when ``entry`` is no RESTORE."""
+    if str(entry.get("operation", "")).upper() != "RESTORE":
+        return None
+    params = entry.get("operationParameters")
+    params = params if isinstance(params, Mapping) else {}
+    version = params.get("version")
+    if version not in (None, "", "null"):
+        try:
+            return int(str(version))
+        except ValueError:
+            pass
+    stamp = params.get("timestamp")
+    if stamp not in (None, "", "null"):
+        try:
+            moment = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        except ValueError:
+            moment = None
+        if moment is not None:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=datetime.timezone.utc)
+            at_ms = int(moment.timestamp() * 1000)
+            before = [
+                int(e["version"])  # type: ignore[call-overload]
+                for e in history
+                if isinstance(e.get("timestamp"), int)
+                and int(e["timestamp"]) <= at_ms  # type: ignore[call-overload]
+                and int(e["version"]) < int(entry["version"])  # type: ignore[call-overload]
+            ]
+            if before:
+                return max(before)
+    raise RestoreUnreadableError(
+        f"Delta version {entry.get('version')} is a RESTORE that names neither a version nor a "
+        f"readable timestamp ({dict(params)}): the pipeline cannot tell which of its commits "
+        "the restore undid. Set the offsets explicitly with `offsets reset`."
+    )
+
+
+def live_history(history: Iterable[Mapping[str, object]]) -> list[Mapping[str, object]]:
+    """The entries of ``history`` (Delta commitInfo dicts, newest first, as delta-rs's
+    ``DeltaTable.history()`` and delta-spark's ``DESCRIBE HISTORY`` give them) that are in
+    effect, newest first: a RESTORE to version V hides the entries above V that precede it;
+    the RESTORE entries themselves are left out. Raises :class:`RestoreUnreadableError` for a
+    RESTORE whose target cannot be read.
+
+    >>> live_history([{"version": 3, "operation": "RESTORE",
+    ...                "operationParameters": {"version": "1"}},
+    ...               {"version": 2}, {"version": 1}, {"version": 0}])
+    [{'version': 1}, {'version': 0}]
+    """
+    entries = list(history)
+    ceiling: int | None = None
+    live: list[Mapping[str, object]] = []
+    for entry in entries:
+        version = int(entry["version"])  # type: ignore[call-overload]
+        if ceiling is not None and version > ceiling:
+            continue
+        target = restored_to(entry, entries)
+        if target is not None:
+            ceiling = target if ceiling is None else min(ceiling, target)
+            continue
+        live.append(entry)
+    return live
+
+
+def restores_in(history: Iterable[Mapping[str, object]]) -> list[tuple[int, int]]:
+    """``(restore version, restored-to version)`` of every RESTORE in effect in ``history``
+    (newest first), for messages and audits."""
+    entries = list(history)
+    found = []
+    ceiling: int | None = None
+    for entry in entries:
+        version = int(entry["version"])  # type: ignore[call-overload]
+        if ceiling is not None and version > ceiling:
+            continue
+        target = restored_to(entry, entries)
+        if target is not None:
+            found.append((version, target))
+            ceiling = target if ceiling is None else min(ceiling, target)
+    return found
