@@ -73,11 +73,11 @@ class Bench:
 
     def delta_jars(self) -> tuple[list[str], str]:
         """(jars for row 6, "") or ([], why there are none): the generated project's own
-        reading of a jar folder (engine.local_connector_jars), as its tests' conftest does."""
+        reading of a jar folder (connectors.local_connector_jars), as its tests' conftest does."""
         folder = self.args.delta_jars
         if not folder:
             return [], f"no delta-spark jars (set {JARS_ENV}=<folder of jars> or --delta-jars)"
-        engine = importlib.import_module(f"{self.package}.engine")
+        engine = importlib.import_module(f"{self.package}.connectors")
         try:
             return engine.local_connector_jars(folder), ""
         except engine.ConnectorMissingError as exc:

@@ -15,7 +15,7 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   [ -n "$JARS" ] || { echo "error: $KAFKA_DELTA_JARS holds no .jar file" >&2; exit 2; }
   CONNECTORS="--jars $JARS"
 else
-  CONNECTORS="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m {{ cookiecutter.package_name }}.engine)"
+  CONNECTORS="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m {{ cookiecutter.package_name }}.connectors)"
 fi
 export SPARK_SUBMIT_EXTRA="$CONNECTORS \
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \

@@ -37,7 +37,7 @@ def spark():
         pytest.skip("Spark needs Java 17: java is not on PATH and JAVA_HOME is unset")
     from pyspark.sql import SparkSession
 
-    from {{ cookiecutter.package_name }}.engine import (
+    from {{ cookiecutter.package_name }}.connectors import (
         DELTA_SESSION_CONFS,
         connector_packages,
         local_connector_jars,
@@ -79,7 +79,7 @@ def engine_config(name: str) -> dict[str, str]:
 
 def skip_without_connectors(spark, engine: dict[str, str]) -> None:
     """Skip (with the reason the suite reports) when the session lacks the engine's jars."""
-    from {{ cookiecutter.package_name }}.engine import (
+    from {{ cookiecutter.package_name }}.connectors import (
         connectors_missing_reason,
         missing_connectors,
         required_connectors,

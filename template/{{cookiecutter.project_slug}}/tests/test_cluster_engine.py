@@ -21,12 +21,9 @@ from {{ cookiecutter.package_name }}.cluster.sink import (
 )
 from {{ cookiecutter.package_name }}.cluster.source import SparkKafkaSource, spark_kafka_options
 from {{ cookiecutter.package_name }}.config import KafkaConfig, PipelineConfig
-from {{ cookiecutter.package_name }}.engine import (
-    ConnectorMissingError,
-    build_engine,
-    missing_connectors,
-    split_dead_letters_df,
-)
+from {{ cookiecutter.package_name }}.connectors import ConnectorMissingError, missing_connectors
+from {{ cookiecutter.package_name }}.dead_letters import split_dead_letters_df
+from {{ cookiecutter.package_name }}.engine_factory import build_engine
 from {{ cookiecutter.package_name }}.main import main
 from {{ cookiecutter.package_name }}.offsets import (
     BatchCommit,
@@ -293,7 +290,7 @@ def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_s
 
     from pyspark.sql import SparkSession
 
-    from {{ cookiecutter.package_name }}.engine import connector_packages
+    from {{ cookiecutter.package_name }}.connectors import connector_packages
 
     delta, spark = version("delta-spark"), version("pyspark")
     spark_major_minor = ".".join(spark.split(".")[:2])
@@ -358,7 +355,7 @@ def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_not
     spark, tmp_path: Path
 ) -> None:
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
-    from {{ cookiecutter.package_name }}.engine import FencingError
+    from {{ cookiecutter.package_name }}.fencing import FencingError
 
     run_a, run_b = new_sink(), new_sink()
     run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})

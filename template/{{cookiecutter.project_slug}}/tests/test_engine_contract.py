@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from conftest import engine_config, skip_without_connectors
 from {{ cookiecutter.package_name }}.devtools.produce import produce_events, produce_values
-from {{ cookiecutter.package_name }}.engine import build_engine
+from {{ cookiecutter.package_name }}.engine_factory import build_engine
 from {{ cookiecutter.package_name }}.offsets import BatchCommit
 from {{ cookiecutter.package_name }}.pipeline import Pipeline
 from support import assert_exactly_once, assert_offsets_agree, forget_last_spark_commit

@@ -14,7 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from conftest import skip_without_connectors
 from {{ cookiecutter.package_name }}.devtools.produce import produce_events, produce_values
-from {{ cookiecutter.package_name }}.engine import FencingError, build_engine
+from {{ cookiecutter.package_name }}.engine_factory import build_engine
+from {{ cookiecutter.package_name }}.fencing import FencingError
 from {{ cookiecutter.package_name }}.offsets import BatchCommit, OffsetsExpiredError
 from {{ cookiecutter.package_name }}.pipeline import Pipeline
 from support import assert_exactly_once, assert_offsets_agree

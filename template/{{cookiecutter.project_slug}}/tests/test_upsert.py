@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chispa import assert_df_equality
 
-from {{ cookiecutter.package_name }}.engine import latest_per_key
+from {{ cookiecutter.package_name }}.upsert import latest_per_key
 
 pytestmark = pytest.mark.spark
 

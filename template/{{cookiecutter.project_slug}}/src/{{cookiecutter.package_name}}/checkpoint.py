@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from .offsets import Offsets, StoredOffsets, offsets_from_json
+from .offsets import Offsets, offsets_from_json
 
 # First line of an ``offsets/<batch_id>`` file: the formats this module reads.
 _OFFSET_LOG_VERSIONS = frozenset({"v1", "v2"})
@@ -123,24 +123,14 @@ class CheckpointLog:
                 f"{self.location}/offsets/{max(batches)} has no batch timestamp"
             ) from None
 
-    def refuse_if_older_than(self, stored: StoredOffsets | None, table: str) -> None:
-        """Raise :class:`CheckpointMismatchError` when the table's stored offsets come from an
-        operator's reset made after this checkpoint planned its newest batch: resuming it
-        would continue from the checkpoint's own positions, not the reset ones (its next batch
-        would then fail fencing, or re-commit the offsets the reset moved away from)."""
-        if stored is None or stored.reset is None or not self.has_plan():
-            return
-        at = stored.reset.get("at_ms")
-        planned = self.newest_plan_ms()
-        if not isinstance(at, int) or planned is None or planned >= at:
-            return  # a checkpoint started after the reset: it planned from the reset offsets
-        raise CheckpointMismatchError(
-            f"the offsets of table {table} were reset at {stored.describe()}, after checkpoint "
-            f"{self.location} planned its last batch: resuming it would ignore the reset. "
-            "Nothing was read or written. Move the checkpoint aside (for a local one: "
-            f"mv {self.location} {self.location}.before-reset-{stored.delta_version}) and "
-            "start again; a new checkpoint starts at the reset offsets."
-        )
+    def newest_planned(self) -> int | None:
+        """The newest batch id Spark planned (``offsets/``), or None before the first plan."""
+        batches = self._batch_ids("offsets")
+        return max(batches) if batches else None
+
+    def is_committed(self, batch_id: int) -> bool:
+        """True when Spark recorded ``batch_id`` as completed (``commits/<batch_id>``)."""
+        return batch_id in self._batch_ids("commits")
 
     def query_id(self) -> str | None:
         """The query id stored in the checkpoint's ``metadata`` file (None before the first

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    from .engine import ConnectorMissingError
+    from .connectors import ConnectorMissingError
     from .graceful_stop import StopSignals
     from .pipeline import Pipeline
 
@@ -250,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 summary = pipeline.run()
             except Exception as exc:
-                log.error("pipeline %s failed: %s", config.pipeline_id, _root_message(exc))
-                return 1
+                return _failed(config.pipeline_id, exc)
     finally:
         close_listeners(listeners)
     stats = summary.commit_back
@@ -270,6 +269,44 @@ def main(argv: list[str] | None = None) -> int:
         else 0.0,
     )
     return 0
+
+
+# Exit codes: 0 done; 1 failed; 2 bad input, or a state the run refuses (one sentence, nothing
+# written); 3 fenced: another run of the pipeline, or an operator, moved the table's offsets
+# while this run was in a batch (nothing of the batch was written; a restart recovers).
+EXIT_FAILED, EXIT_REFUSED, EXIT_FENCED = 1, 2, 3
+# Expected outcomes: the exception's own sentence is the whole report.
+_EXPECTED = {
+    "FencingError": EXIT_FENCED,
+    "CheckpointMismatchError": EXIT_REFUSED,
+    "OffsetsExpiredError": EXIT_REFUSED,
+    "DeadLetterError": EXIT_REFUSED,
+}
+
+
+def _failed(pipeline_id: str, exc: BaseException) -> int:
+    """Report a run that ended with ``exc``: one sentence and its exit code for an expected
+    outcome (also when it comes back from Spark inside a StreamingQueryException, whose text
+    holds the Python traceback of the batch function), else the root message and 1."""
+    for name, code in _EXPECTED.items():
+        sentence = _raised(exc, name)
+        if sentence is not None:
+            print(f"error: {sentence}", file=sys.stderr)
+            return code
+    log.error("pipeline %s failed: %s", pipeline_id, _root_message(exc))
+    return EXIT_FAILED
+
+
+def _raised(exc: BaseException, name: str) -> str | None:
+    """The message of an exception of class ``name`` that ``exc`` is, or reports."""
+    if type(exc).__name__ == name:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else name
+    marker = f"{name}: "
+    text = str(exc)
+    at = text.rfind(marker)
+    if at < 0:
+        return None
+    return text[at + len(marker) :].splitlines()[0].strip()
 
 
 def _root_message(exc: BaseException) -> str:

@@ -232,8 +232,17 @@ class StoredOffsets:
     # The metadata of an operator's reset when the stored offsets come from one (None for a
     # batch, or when read from txn actions after log cleanup).
     reset: Mapping[str, object] | None = None
+    # Set when a Delta RESTORE undid newer commits of the pipeline: {"version": the restore's
+    # Delta version, "to": the version restored to, "at_ms": when}. The offsets are then those
+    # in effect at "to", and ``seq`` is past every fence seq the undone commits used.
+    restore: Mapping[str, int] | None = None
 
     def describe(self) -> str:
+        if self.restore is not None and self.delta_version is None and not self.offsets:
+            return (
+                f"none: Delta version {self.restore['version']} restored the table to version "
+                f"{self.restore['to']}, before the pipeline's first commit"
+            )
         if self.app_id is None:
             return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
         if self.reset is not None:
@@ -242,6 +251,8 @@ class StoredOffsets:
             where = f"Delta version {self.delta_version} (batch {self.batch_id} of {self.app_id})"
         if self.expired:
             return f"{where}, from the copy of commit {self.seq} of the pipeline (log cleaned up)"
+        if self.restore is not None:
+            return f"{where}, in effect since Delta version {self.restore['version']} restored it"
         return where
 
 
@@ -364,10 +375,39 @@ def newest_stored_paged(
     history: Callable[[int | None], Sequence[Mapping[str, object]]], pipeline_id: str
 ) -> StoredOffsets | None:
     """:func:`newest_stored` over ``history(limit)`` (newest first; None = the whole retained
-    log), reading no more of the log than it must."""
+    log), reading no more of the log than it must, and as the table is in effect: commits a
+    Delta RESTORE undid are passed over (:mod:`.table_history`) and the result names the
+    restore. When a restore took the table back to before the pipeline's first commit, the
+    result holds no offsets (``delta_version`` None) but names the restore."""
+    from .table_history import live_history, restores_in
+
     for limit in HISTORY_PAGES:
         page = history(limit)
-        stored = newest_stored(page, pipeline_id)
-        if stored is not None or limit is None or len(page) < limit:
-            return stored
+        stored = newest_stored(live_history(page), pipeline_id)
+        complete = limit is None or len(page) < limit
+        if stored is not None or complete:
+            # Restores that undid commits of this pipeline (a restore over other writers'
+            # commits alone leaves the stored offsets as they were).
+            ours = [
+                int(e["version"])  # type: ignore[call-overload]
+                for e in page
+                if parse_user_metadata(e.get("userMetadata"), pipeline_id) is not None
+            ]
+            above = [
+                (version, to)
+                for version, to in restores_in(page)
+                if any(to < v < version for v in ours)
+            ]
+            if not above:
+                return stored
+            version, to = above[0]
+            stamp = next((e.get("timestamp") for e in page if e.get("version") == version), None)
+            restore = {
+                "version": version,
+                "to": to,
+                "at_ms": int(stamp) if isinstance(stamp, int) else 0,
+            }
+            if stored is None:
+                return StoredOffsets({}, None, None, None, restore=restore)
+            return replace(stored, restore=restore)
     return None

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -27,31 +26,18 @@ from pyspark.sql.streaming import StreamingQuery
 from .checkpoint import CheckpointLog, CheckpointMismatchError
 from .commit_back import CommitBackStats, OffsetCommitter
 from .config import PipelineConfig
-from .engine import (
-    DeadLetterError,
-    Engine,
-    Sink,
-    SinkResult,
-    build_engine,
-    latest_per_key,
-    unsent_dead_letters,
-)
+from .dead_letters import DeadLetterError, DeadLetterQueue
+from .engine import Engine, Sink, SinkResult
+from .engine_factory import build_engine
 from .faults import crash_point
 from .graceful_stop import StopGate
 from .kafka_admin import KafkaAdmin, lag
-from .offsets import (
-    BatchCommit,
-    Offsets,
-    OffsetsExpiredError,
-    StoredOffsets,
-    app_id,
-    partitions_of,
-    total_records,
-)
+from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from .progress import BatchProgress, ProgressListener
+from .recovery import judge, set_aside
 from .run_lease import RunLease
-from .transform import DEAD_LETTER_COLUMN
 from .transform import transform as default_transform
+from .upsert import latest_per_key
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +49,6 @@ __all__ = [
     "Pipeline",
     "RunSummary",
 ]
-
-DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
-
-
-def dead_letter_records(df: DataFrame, dead: pa.Table) -> DataFrame:
-    """The original Kafka records of the dead letters, with their error, as a DataFrame the
-    dead-letter sink writes like any batch (from the executors).
-
-    Only the marked positions (a few rows, broadcast) are looked up again in the batch's input
-    (its offset ranges are fixed, so the records are the same), which costs nothing when no
-    record is bad.
-    """
-    spark = df.sparkSession
-    positions = spark.createDataFrame(
-        dead.select(["topic", "partition", "offset", DEAD_LETTER_COLUMN]).to_pylist(),
-        f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string",
-    ).withColumnRenamed(DEAD_LETTER_COLUMN, "error")
-    return df.join(F.broadcast(positions), ["topic", "partition", "offset"], "inner").select(
-        *DEAD_LETTER_KAFKA_COLUMNS, "error"
-    )
 
 
 def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
@@ -142,6 +108,11 @@ class Pipeline:
         self.exactly_once = exactly_once
         self.transform = transform
         self.engine: Engine = build_engine(spark, config)
+        self.dead_letters = DeadLetterQueue(
+            self.engine.dead_letter_sink,
+            self.engine.dead_letter_offsets,
+            config.delta.storage_options,
+        )
         self.checkpoint = CheckpointLog(spark, config.checkpoint)
         self.admin = KafkaAdmin(config.kafka.client_config())
         self.committer: OffsetCommitter | None = committer
@@ -158,6 +129,8 @@ class Pipeline:
         self._known: Offsets = {}
         self._gate = StopGate()
         self._query: StreamingQuery | None = None
+        # Where this run moved a checkpoint the table had left behind (None: kept).
+        self.set_aside_as: str | None = None
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -171,9 +144,9 @@ class Pipeline:
         return self.admin.partitions(self.config.kafka.topics)
 
     def resume_point(self) -> StoredOffsets | None:
-        """Stored offsets to start from when the checkpoint is new; checks the checkpoint
-        and the table agree. Kafka is asked for the partitions only when Delta log cleanup
-        left the offsets in txn actions alone."""
+        """Stored offsets to start from when the checkpoint is new; judges the checkpoint
+        against the table first (:mod:`.recovery`): one the table moved past is set aside and
+        the run resumes from the table, one ahead of it without explanation stops."""
         stored = self.engine.offset_store.read(self._partitions)
         if stored is None and self.checkpoint.has_progress():
             raise CheckpointMismatchError(
@@ -183,7 +156,11 @@ class Pipeline:
                 "table, or delete the checkpoint to re-read from "
                 f"{self.config.kafka.starting_offsets} offsets."
             )
-        self.checkpoint.refuse_if_older_than(stored, self.config.delta.table)
+        verdict = judge(self.checkpoint, stored, self.config.pipeline_id)
+        if verdict.action == "stop":
+            raise CheckpointMismatchError(verdict.reason)
+        if verdict.action == "set_aside":
+            self.set_aside_as = set_aside(self.spark, self.checkpoint, verdict.reason)
         return stored
 
     def _log_resume_point(self, stored: StoredOffsets | None) -> None:
@@ -267,57 +244,6 @@ class Pipeline:
         except Exception:
             query_id = None
         return query_id or self.checkpoint.query_id() or ""
-
-    def _dead_letters(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
-        """Commit the batch's dead letters, idempotently and before the main commit, so a
-        crash between the two never loses a bad record (a replay finds them committed).
-        Returns how many this call sent (0 when an earlier run already had)."""
-        if self.dead_letter_sink is None:
-            first = dead.slice(0, 1).to_pylist()[0]
-            raise DeadLetterError(
-                f"{dead.num_rows} record(s) of batch {commit.batch_id} cannot be processed, "
-                f"first {first['topic']}[{first['partition']}] offset {first['offset']}: "
-                f"{first[DEAD_LETTER_COLUMN]}. Dead letters are disabled "
-                "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
-            )
-        table = self.dead_letter_sink.table_uri
-        store = self.engine.dead_letter_offsets
-        try:
-            sent = store.read(lambda: partitions_of(commit.end_offsets)) if store else None
-        except OffsetsExpiredError as exc:
-            log.warning("cannot tell which dead letters %s already holds: %s", table, exc)
-            sent = None
-        # A partition this batch rewinds (topic recreated) starts over: nothing of it was sent.
-        covered = {
-            t: {p: o for p, o in parts.items() if (t, p) not in commit.rewound}
-            for t, parts in (sent.offsets if sent is not None else {}).items()
-        }
-        unsent = unsent_dead_letters(dead, covered)
-        if unsent.num_rows == 0:
-            log.info(
-                "batch %d: its %d dead letter(s) are already in %s (a run that stopped before "
-                "its main commit sent them): nothing sent",
-                commit.batch_id,
-                dead.num_rows,
-                table,
-            )
-            return 0
-        result = self.dead_letter_sink.commit_batch(dead_letter_records(df, unsent), commit)
-        if result.written:
-            log.warning(
-                "batch %d: %d record(s) sent to the dead-letter table %s",
-                commit.batch_id,
-                unsent.num_rows,
-                table,
-            )
-        else:
-            log.info(
-                "replayed batch %d: its dead letters are already in %s: nothing sent",
-                commit.batch_id,
-                table,
-            )
-        crash_point("after_dead_letters")
-        return unsent.num_rows if result.written else 0
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
         """Where the batch really begins, as the checkpoint planned it: the previous batch's
@@ -427,7 +353,7 @@ class Pipeline:
             batch = self.sink.materialize(out)
             try:
                 if batch.dead is not None:
-                    dead_sent = self._dead_letters(df, batch.dead, commit)
+                    dead_sent = self.dead_letters.send(df, batch.dead, commit)
                     self.summary.dead_letters += dead_sent
                 crash_point("before_delta_commit")
                 if self.exactly_once:

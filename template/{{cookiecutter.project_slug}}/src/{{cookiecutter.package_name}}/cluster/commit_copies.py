@@ -79,6 +79,24 @@ def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
     )
 
 
+def read_copy_file(table_uri: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
+    """The copy of commit ``seq`` read without Spark (the ``offsets`` commands): a local table
+    directly, any other URI through pyarrow's file systems; None when there is none."""
+    from ..checkpoint import local_path
+
+    where = f"{commits_folder(table_uri, pipeline_id)}/{seq}.json"
+    local = local_path(where)
+    if local is not None:
+        return parse_copy(local.read_text("utf-8"), pipeline_id, seq) if local.is_file() else None
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(where)
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        return parse_copy(stream.read().decode("utf-8"), pipeline_id, seq)
+
+
 class CommitCopies:
     """The copies of one pipeline's commits beside one table (see the module docstring)."""
 

@@ -1,18 +1,14 @@
-"""Reads the pipeline's newest stored offsets back from the Delta log (delta-spark)."""
+"""The pipeline's stored offsets in a table read with delta-spark (the delta-spark sink's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from ..offsets import (
-    StoredOffsets,
-    fence_app_id,
-    newest_stored_paged,
-    stored_from_transactions,
-)
+from ..offsets import StoredOffsets
+from ..stored_offsets import read_stored
 from .commit_copies import CommitCopies
 
 
@@ -25,52 +21,73 @@ def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
     return DeltaTable.forPath(spark, table_uri)
 
 
-def history_reader(table: Any) -> Any:
-    """``limit -> [{"version": ..., "userMetadata": ...}, ...]`` newest first, as the shared
-    paging in :func:`..offsets.newest_stored_paged` expects."""
+class DeltaSparkLog:
+    """A table's log as :func:`..stored_offsets.read_stored` reads it: the history through
+    delta-spark (a Spark job), txn actions through delta-rs (delta-spark's Python API has no
+    reader of them; opened only when asked), the commit copies through Spark's file system."""
 
-    def read(limit: int | None) -> list[dict[str, object]]:
-        frame = table.history(limit) if limit is not None else table.history()
-        return [row.asDict() for row in frame.select("version", "userMetadata").collect()]
+    def __init__(
+        self,
+        table: Any,
+        table_uri: str,
+        copies: CommitCopies | None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.table = table
+        self.table_uri = table_uri
+        self.copies = copies
+        self.storage_options = dict(storage_options or {})
+        self._txns: Any | None = None
 
-    return read
+    def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
+        frame = self.table.history(limit) if limit is not None else self.table.history()
+        columns = ["version", "timestamp", "operation", "operationParameters", "userMetadata"]
+        rows = [row.asDict() for row in frame.select(*columns).collect()]
+        for row in rows:
+            # As delta-rs gives it: epoch milliseconds.
+            stamp = row.get("timestamp")
+            row["timestamp"] = int(stamp.timestamp() * 1000) if stamp is not None else None
+        return rows
+
+    def transaction_version(self, app_id: str) -> int | None:
+        if self._txns is None:
+            from deltalake import DeltaTable
+
+            self._txns = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+        return self._txns.transaction_version(app_id)
+
+    def commit_copy(self, seq: int) -> StoredOffsets | None:
+        return self.copies.read(seq) if self.copies is not None else None
 
 
 def newest_stored_in(
     table: Any,
     pipeline_id: str,
-    table_uri: str | None = None,
+    table_uri: str,
     partitions: Callable[[], Mapping[str, list[int]]] | None = None,
     copies: CommitCopies | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> StoredOffsets | None:
-    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s log; when log
-    cleanup removed every such commit, the copy of the commit the fence txn names (see
-    :mod:`.commit_copies`), else what the table's txn actions keep for ``partitions()``; None
-    when the pipeline never committed to the table. Txn actions are read with delta-rs:
-    delta-spark's Python API has no reader of them."""
-    stored = newest_stored_paged(history_reader(table), pipeline_id)
-    if stored is not None or table_uri is None:
-        return stored
-    from deltalake import DeltaTable
-
-    txns = DeltaTable(table_uri)
-    seq = txns.transaction_version(fence_app_id(pipeline_id))
-    if seq is None:
-        return None
-    kept = copies.read(seq) if copies is not None else None
-    if kept is not None or partitions is None:
-        return kept
-    return stored_from_transactions(txns.transaction_version, pipeline_id, partitions())
+    """This pipeline's stored offsets in ``table`` (see :mod:`..stored_offsets`)."""
+    log = DeltaSparkLog(table, table_uri, copies, storage_options)
+    return read_stored(log, pipeline_id, partitions)
 
 
 class DeltaSparkOffsetStore:
     """Same tag and skipping rules as the delta-rs store: commits without this pipeline's tag
     (other writers, OPTIMIZE, VACUUM) are passed over."""
 
-    def __init__(self, spark: SparkSession, table_uri: str, pipeline_id: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        table_uri: str,
+        pipeline_id: str,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         self.spark = spark
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
+        self.storage_options = dict(storage_options or {})
         self.copies = CommitCopies(spark, table_uri, pipeline_id)
 
     def read(
@@ -79,7 +96,9 @@ class DeltaSparkOffsetStore:
         table = delta_table(self.spark, self.table_uri)
         if table is None:
             return None
-        stored = newest_stored_in(table, self.pipeline_id, self.table_uri, partitions, self.copies)
+        stored = newest_stored_in(
+            table, self.pipeline_id, self.table_uri, partitions, self.copies, self.storage_options
+        )
         if stored is not None:
             # A crash between a commit and its copy left none: keep it now, while the log
             # still holds the commit.

@@ -1,8 +1,9 @@
 """Delta sink on delta-spark: one commit per micro-batch holding data, txn and end offsets.
 
 Needs the delta-spark jars (built into Databricks Runtime; elsewhere ``spark-submit --packages
-io.delta:delta-spark_<Spark major.minor>_2.13:<version>``, see :func:`..engine.connector_packages`,
-or ``--jars`` from a local folder, with Delta's session extension and catalog).
+io.delta:delta-spark_<Spark major.minor>_2.13:<version>``, see
+:func:`..connectors.connector_packages`, or ``--jars`` from a local folder, with Delta's session
+extension and catalog).
 
 - append: ``DataFrameWriter`` options ``txnAppId``/``txnVersion`` and ``userMetadata``;
 - upsert: MERGE, which takes no writer options, so the same three values go through the
@@ -41,16 +42,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from ..engine import (
-    FencingError,
-    Materialized,
-    Rows,
-    SinkResult,
-    WriteMode,
-    check_contiguous,
-    split_dead_letters_df,
-)
+from ..dead_letters import split_dead_letters_df
+from ..engine import Materialized, Rows, SinkResult, WriteMode
 from ..faults import crash_point
+from ..fencing import FencingError, check_contiguous
 from ..offsets import BatchCommit, Offsets, StoredOffsets, fence_app_id, partitions_of
 from .commit_copies import CommitCopies
 from .offset_store import delta_table, newest_stored_in

@@ -14,16 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from ..cluster.commit_copies import read_copy_file
 from ..config import PipelineConfig
-from ..embedded.offset_store import open_table
+from ..embedded.offset_store import DeltaRsLog, open_table
 from ..kafka_admin import KafkaAdmin
-from ..offsets import (
-    HISTORY_PAGES,
-    BatchCommit,
-    StoredOffsets,
-    parse_user_metadata,
-    stored_from_transactions,
-)
+from ..offsets import HISTORY_PAGES, BatchCommit, StoredOffsets, parse_user_metadata
+from ..stored_offsets import read_stored
+from ..table_history import live_history
 
 # Kafka metadata calls of a command: long enough for a loaded broker, short enough for a human.
 KAFKA_TIMEOUT_S = 15.0
@@ -76,10 +73,11 @@ def open_existing(uri: str, config: PipelineConfig, what: str = "table") -> Delt
 
 
 def newest_commit(table: DeltaTable, pipeline_id: str) -> PipelineCommit | None:
-    """The pipeline's newest commit in the retained log, reading no more than it must."""
+    """The pipeline's newest commit in effect in the retained log (a RESTORE hides the
+    commits it undid), reading no more than it must."""
     for limit in HISTORY_PAGES:
         page = table.history(limit)
-        found = _commits(page, pipeline_id)
+        found = _commits(live_history(page), pipeline_id)
         if found:
             return max(found, key=lambda c: c.version)
         if limit is None or len(page) < limit:
@@ -95,19 +93,21 @@ def commits_in(history: Iterable[dict[str, object]], pipeline_id: str) -> list[P
 def stored_offsets(
     table: DeltaTable, config: PipelineConfig, partitions: dict[str, list[int]]
 ) -> tuple[StoredOffsets, PipelineCommit | None]:
-    """The pipeline's stored offsets and the commit holding them (None when log cleanup left
-    them in txn actions only); a table without commits of the pipeline is an error."""
-    commit = newest_commit(table, config.pipeline_id)
-    if commit is not None:
-        return commit.stored(), commit
-    stored = stored_from_transactions(table.transaction_version, config.pipeline_id, partitions)
+    """The pipeline's stored offsets, read by the pipeline's own reader (RESTOREs, commit
+    copies, txn actions: :mod:`..stored_offsets`), and the commit holding them (None when log
+    cleanup left them in a copy or in txn actions only); no commit of the pipeline is an error."""
+    pipeline_id = config.pipeline_id
+    log = DeltaRsLog(table, lambda seq: read_copy_file(config.delta.table, pipeline_id, seq))
+    stored = read_stored(log, pipeline_id, lambda: partitions)
     if stored is None:
         raise CommandError(
             f"table {config.delta.table} holds no commits of pipeline {config.pipeline_id!r} "
             f"(version {table.version()}): wrong table or --env? The pipeline's first run "
             f"starts at kafka.starting_offsets ({config.kafka.starting_offsets})."
         )
-    return stored, None
+    if stored.delta_version is None or stored.expired:
+        return stored, None
+    return stored, newest_commit(table, pipeline_id)
 
 
 def row_count(table: DeltaTable) -> int:

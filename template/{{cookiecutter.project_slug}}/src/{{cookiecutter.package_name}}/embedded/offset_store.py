@@ -1,16 +1,14 @@
-"""Reads the pipeline's newest stored offsets back from the Delta log (delta-rs)."""
+"""The pipeline's stored offsets in a table read with delta-rs (tables of either sink)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ..offsets import StoredOffsets, newest_stored_paged, stored_from_transactions
-
-Partitions = Callable[[], Mapping[str, list[int]]]
-"""Lazily lists the subscribed partitions (a Kafka metadata query, made only when needed)."""
+from ..offsets import StoredOffsets
+from ..stored_offsets import Partitions, read_stored
 
 
 def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
@@ -21,16 +19,34 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaT
         return None
 
 
+class DeltaRsLog:
+    """A table's log as :func:`..stored_offsets.read_stored` reads it, through one delta-rs
+    snapshot; ``copies(seq)`` reads the copy of a delta-spark commit record, when the caller
+    can (see :mod:`..cluster.commit_copies`)."""
+
+    def __init__(
+        self,
+        table: DeltaTable,
+        copies: Callable[[int], StoredOffsets | None] | None = None,
+    ) -> None:
+        self.table = table
+        self._copies = copies
+
+    def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
+        return self.table.history(limit)
+
+    def transaction_version(self, app_id: str) -> int | None:
+        return self.table.transaction_version(app_id)
+
+    def commit_copy(self, seq: int) -> StoredOffsets | None:
+        return self._copies(seq) if self._copies is not None else None
+
+
 def newest_stored_in(
     table: DeltaTable, pipeline_id: str, partitions: Partitions | None = None
 ) -> StoredOffsets | None:
-    """Offsets of the newest commit tagged with ``pipeline_id`` in ``table``'s snapshot; when
-    log cleanup removed every such commit, the offsets kept as txn actions for ``partitions``
-    (see :mod:`..offsets`); None when the pipeline never committed to the table."""
-    stored = newest_stored_paged(table.history, pipeline_id)
-    if stored is not None or partitions is None:
-        return stored
-    return stored_from_transactions(table.transaction_version, pipeline_id, partitions())
+    """This pipeline's stored offsets in ``table``'s snapshot (see :mod:`..stored_offsets`)."""
+    return read_stored(DeltaRsLog(table), pipeline_id, partitions)
 
 
 class DeltaRsOffsetStore:
@@ -42,8 +58,6 @@ class DeltaRsOffsetStore:
         self.storage_options = dict(storage_options or {})
 
     def read(self, partitions: Partitions | None = None) -> StoredOffsets | None:
-        """Offsets of the newest commit tagged with this pipeline id (or, after log cleanup,
-        of its txn actions for ``partitions``), or None (no table, or no commit of this
-        pipeline)."""
+        """This pipeline's stored offsets, or None (no table, or no commit of this pipeline)."""
         table = open_table(self.table_uri, self.storage_options)
         return None if table is None else newest_stored_in(table, self.pipeline_id, partitions)

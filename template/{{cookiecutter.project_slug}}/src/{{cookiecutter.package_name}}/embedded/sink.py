@@ -39,17 +39,10 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ..engine import (
-    FencingError,
-    Materialized,
-    Rows,
-    SinkResult,
-    WriteMode,
-    check_contiguous,
-    require_dead_letter_positions,
-    split_dead_letters,
-)
+from ..dead_letters import require_dead_letter_positions, split_dead_letters
+from ..engine import Materialized, Rows, SinkResult, WriteMode
 from ..faults import crash_point
+from ..fencing import FencingError, check_contiguous
 from ..offsets import (
     BatchCommit,
     Offsets,
@@ -312,14 +305,16 @@ class DeltaRsSink:
         """This pipeline's newest stored offsets as of ``table``'s snapshot (after log cleanup,
         from the txn actions of the partitions ``commit`` and ``start`` name)."""
         version = table.version()
-        if self._known is not None and self._known[0] <= version:
-            known_version, known = self._known
-            newer = (
-                newest_stored(table.history(version - known_version), self.pipeline_id)
-                if version > known_version
-                else None
-            )
-            stored = newer if newer is not None else known
+        newer = (
+            table.history(version - self._known[0])
+            if self._known is not None and self._known[0] < version
+            else []
+        )
+        # A RESTORE since the last read can undo our own commits: read the log afresh.
+        restored = any(str(e.get("operation", "")).upper() == "RESTORE" for e in newer)
+        if self._known is not None and self._known[0] <= version and not restored:
+            found = newest_stored(newer, self.pipeline_id) if newer else None
+            stored = found if found is not None else self._known[1]
         else:
             names = partitions_of(commit.end_offsets if commit else {}, start or {})
             stored = newest_stored_in(table, self.pipeline_id, lambda: names)

@@ -1,0 +1,86 @@
+"""The cluster engine's JVM connectors (delta-spark, Spark's kafka source): which classes tell
+they are there, where to get them, and why a session lacks them. Used by the factory, the run
+scripts and the tests; imports no engine.
+
+``python -m <package>.connectors`` prints the Maven coordinates for ``spark-submit --packages``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+# Classes whose presence on the JVM classpath tells that a connector's jars are there.
+CONNECTOR_CLASSES = {
+    "delta-spark": "org.apache.spark.sql.delta.DeltaLog",
+    "spark-sql-kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+}
+# Session confs delta-spark needs outside Databricks (where they are preset).
+DELTA_SESSION_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def connector_packages() -> list[str]:
+    """Maven coordinates of the cluster engine's connectors matching the installed pyspark and
+    delta-spark (Spark 4 is built for Scala 2.13), for ``spark-submit --packages``."""
+    from importlib.metadata import version
+
+    spark = version("pyspark")
+    # delta-spark's own rule (delta/pip_utils.py, configure_spark_with_delta_pip, 4.4.1): the
+    # artifact carries the Spark major.minor it is built for, io.delta:delta-spark_4.2_2.13 for
+    # pyspark 4.2.x. That helper only hands back a SparkSession builder, so the rule is repeated.
+    spark_major_minor = ".".join(spark.split(".")[:2])
+    return [
+        f"io.delta:delta-spark_{spark_major_minor}_2.13:{version('delta-spark')}",
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}",
+    ]
+
+
+def connectors_missing_reason(missing: list[str]) -> str:
+    """What a test skipped for lack of connector jars reports, e.g. ``spark-sql-kafka jars not
+    on the classpath``: it names exactly the connectors this session lacks."""
+    return f"{' and '.join(missing)} jars not on the classpath"
+
+
+def local_connector_jars(folder: str) -> list[str]:
+    """Absolute paths of every ``*.jar`` in ``folder``: connectors installed by hand (an
+    air-gapped machine, a mirror), for ``spark.jars`` / ``spark-submit --jars``."""
+    from pathlib import Path
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConnectorMissingError(f"connector jar folder {folder!r} is not a directory")
+    jars = sorted(str(j.resolve()) for j in path.glob("*.jar"))
+    if not jars:
+        raise ConnectorMissingError(f"connector jar folder {folder!r} holds no .jar file")
+    return jars
+
+
+class ConnectorMissingError(RuntimeError):
+    """The configured engine needs JVM connector jars that this Spark session does not have."""
+
+
+def missing_connectors(spark: SparkSession, needed: list[str]) -> list[str]:
+    """Which of the ``needed`` connectors (keys of :data:`CONNECTOR_CLASSES`) this session's
+    JVM cannot load. Under Spark Connect (no JVM access; Databricks) nothing is reported."""
+    try:
+        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        utils = jvm.org.apache.spark.util.Utils
+    except Exception:
+        return []
+    return [name for name in needed if not utils.classIsLoadable(CONNECTOR_CLASSES[name])]
+
+
+def required_connectors(source: str, sink: str) -> list[str]:
+    """The JVM connectors an engine mix needs (keys of :data:`CONNECTOR_CLASSES`)."""
+    needed = []
+    if sink == "delta_spark":
+        needed.append("delta-spark")
+    if source == "spark_kafka":
+        needed.append("spark-sql-kafka")
+    return needed
+
+
+if __name__ == "__main__":  # scripts/run_cluster_local.sh asks for the coordinates
+    print(",".join(connector_packages()))

@@ -1,0 +1,67 @@
+"""Builds the engine ``config.engine`` names: the one place that imports the implementations
+(:mod:`.embedded`, :mod:`.cluster`); :mod:`.engine` names the contract alone."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from .config import PipelineConfig
+from .connectors import ConnectorMissingError, missing_connectors, required_connectors
+from .engine import Engine, Source, WriteMode
+
+
+def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
+    """The source, sink, offset store and dead-letter sink ``config.engine`` names; fails
+    before any work when the session lacks the connector jars they need."""
+    missing = missing_connectors(
+        spark, required_connectors(config.engine.source, config.engine.sink)
+    )
+    if missing:
+        raise ConnectorMissingError(
+            f"engine {config.engine.name!r} needs the {' and '.join(missing)} jars, which this "
+            "Spark session does not have. On Databricks they are built in; locally run "
+            "scripts/run_cluster_local.sh (spark-submit --packages, or --jars from the folder "
+            "KAFKA_DELTA_JARS names), or use engine: embedded."
+        )
+    mode = WriteMode(config.delta.mode, config.delta.merge_keys, config.delta.order_by)
+    dead_table = config.dead_letter_table
+    source: Source
+    if config.engine.source == "embedded":
+        from .embedded.stream import EmbeddedSource
+
+        source = EmbeddedSource(config.kafka)
+    else:
+        from .cluster.source import SparkKafkaSource
+
+        source = SparkKafkaSource(config.kafka)
+
+    if config.engine.sink == "delta_rs":
+        from .embedded.offset_store import DeltaRsOffsetStore
+        from .embedded.sink import DeltaRsSink
+
+        options = config.delta.storage_options
+        return Engine(
+            source=source,
+            sink=DeltaRsSink(config.delta.table, config.pipeline_id, options, mode=mode),
+            offset_store=DeltaRsOffsetStore(config.delta.table, config.pipeline_id, options),
+            dead_letter_sink=(
+                DeltaRsSink(dead_table, config.pipeline_id, options) if dead_table else None
+            ),
+            dead_letter_offsets=(
+                DeltaRsOffsetStore(dead_table, config.pipeline_id, options) if dead_table else None
+            ),
+        )
+    from .cluster.offset_store import DeltaSparkOffsetStore
+    from .cluster.sink import DeltaSparkSink
+
+    return Engine(
+        source=source,
+        sink=DeltaSparkSink(spark, config.delta.table, config.pipeline_id, mode=mode),
+        offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id),
+        dead_letter_sink=(
+            DeltaSparkSink(spark, dead_table, config.pipeline_id) if dead_table else None
+        ),
+        dead_letter_offsets=(
+            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id) if dead_table else None
+        ),
+    )
