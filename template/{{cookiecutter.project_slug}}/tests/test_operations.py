@@ -75,7 +75,7 @@ def _fails_in_batch(df):
     raise RuntimeError("transform failed inside batch 0")
 
 
-def test_a_retried_checkpoint_whose_batch_zero_never_committed_cannot_rewind_or_duplicate(
+def test_a_retried_checkpoint_whose_batch_zero_never_committed_is_set_aside_and_resumes_from_the_table(
     spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path: Path
 ) -> None:
     (topic,) = new_topics(1, partitions=2)
@@ -96,13 +96,15 @@ def test_a_retried_checkpoint_whose_batch_zero_never_committed_cannot_rewind_or_
     dead_version = dead.version()
     version = DeltaTable(retried.delta.table).version()
 
-    # The job is retried on its first checkpoint: batch 0 re-plays its old range.
-    with pytest.raises(Exception, match=r"backwards|does not start where the table ends"):
-        Pipeline(spark, retried).run()
+    # The job is retried on its first checkpoint: its batch 0 was planned over a range the
+    # table has moved past. The checkpoint is set aside, and the run resumes from the table
+    # (I9): it neither rewinds nor duplicates, and is not fenced on every restart.
+    Pipeline(spark, retried).run()
 
     assert DeltaTable(retried.delta.table).version() == version
     assert DeltaTable(other.dead_letter_table).version() == dead_version
     assert DeltaTable(other.dead_letter_table).to_pyarrow_table().num_rows == 2
+    assert len(list(Path(retried.checkpoint).parent.glob("checkpoint.set-aside-*"))) == 1
     assert_exactly_once(other, 350)
     produce_events(kafka_bootstrap, [topic], 50, first_id=350)
     Pipeline(spark, other).run()

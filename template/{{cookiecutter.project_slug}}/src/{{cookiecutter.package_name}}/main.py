@@ -81,12 +81,58 @@ def _absolute(path: str | None) -> str | None:
     return str(Path(path).expanduser().resolve())
 
 
+# The bootstrap address the template's local config ships with: where a developer's broker is
+# assumed, unless scripts/broker.sh started one on a free port (its address in .broker.json).
+_LOCAL_BOOTSTRAP = frozenset({"127.0.0.1:9092", "localhost:9092"})
+
+
+def _started_broker(config_path: Path, configured: str) -> str | None:
+    """The address of the broker ``scripts/broker.sh start`` recorded in the project's
+    ``.broker.json``, when the config names the default local address and that broker still
+    runs; None otherwise. The console script then finds it as the scripts do (one line on
+    stderr says so)."""
+    if configured not in _LOCAL_BOOTSTRAP:
+        return None
+    root = config_path.resolve().parent  # the project root, as load_config resolves paths
+    if root.name == "conf":
+        root = root.parent
+    state_path = root / ".broker.json"
+    if not state_path.is_file():
+        return None
+    # Only here: a project without a started broker (a cluster job) never imports devtools.
+    from .devtools.broker import BrokerError, _read_state, _running
+
+    try:
+        state = _read_state(state_path)
+    except BrokerError as exc:
+        print(f"ignoring {state_path}: {exc}", file=sys.stderr)
+        return None
+    if state is None:
+        return None
+    if not _running(state):
+        print(
+            f"ignoring {state_path}: its broker (pid {state['pid']}) is no longer running; "
+            f"using kafka.bootstrap_servers {configured}",
+            file=sys.stderr,
+        )
+        return None
+    address = str(state["bootstrap_servers"])
+    print(
+        f"using the broker scripts/broker.sh started, at {address} ({state_path}; "
+        "--bootstrap-servers overrides)",
+        file=sys.stderr,
+    )
+    return address
+
+
 def build_config(args: argparse.Namespace) -> PipelineConfig:
     # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
-    config = load_config(_config_path(args), environ=os.environ)
+    path = _config_path(args)
+    config = load_config(path, environ=os.environ)
+    bootstrap = args.bootstrap_servers or _started_broker(path, config.kafka.bootstrap_servers)
     return config.with_overrides(
         **{
-            "kafka.bootstrap_servers": args.bootstrap_servers,
+            "kafka.bootstrap_servers": bootstrap,
             "kafka.consumer_group": args.consumer_group,
             "delta.table": _absolute(args.table),
             "checkpoint": _absolute(args.checkpoint),
@@ -200,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # py4j logs an exception the batch function raised, with its traceback, before Spark hands
+    # it back to run(): an expected outcome is reported once, in one sentence, by _failed.
+    logging.getLogger("py4j.clientserver").addFilter(_not_expected)
     try:
         config = build_config(args)
     except ConfigError as exc:
@@ -284,6 +333,11 @@ _EXPECTED = {
 }
 
 
+def _not_expected(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or type(exc).__name__ not in _EXPECTED
+
+
 def _failed(pipeline_id: str, exc: BaseException) -> int:
     """Report a run that ended with ``exc``: one sentence and its exit code for an expected
     outcome (also when it comes back from Spark inside a StreamingQueryException, whose text
@@ -293,7 +347,12 @@ def _failed(pipeline_id: str, exc: BaseException) -> int:
         if sentence is not None:
             print(f"error: {sentence}", file=sys.stderr)
             return code
-    log.error("pipeline %s failed: %s", pipeline_id, _root_message(exc))
+    log.error(
+        "pipeline %s failed: %s (--log-level DEBUG shows the whole failure)",
+        pipeline_id,
+        _root_message(exc),
+    )
+    log.debug("the failure in full", exc_info=exc)
     return EXIT_FAILED
 
 

@@ -66,8 +66,34 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
         and stored.batch_id >= planned
     ):
         return Verdict("resume")  # the pending batch is in the table: Spark replays it
+    if not committed:
+        # The pending batch is not the table's: it is re-run from its planned range, which must
+        # not end below what the table stores (it would be fenced on every restart).
+        end = checkpoint.end_offsets(planned)
+        under = [
+            (t, p, e, stored.offsets[t][p])
+            for t, parts in end.items()
+            for p, e in parts.items()
+            if e < stored.offsets.get(t, {}).get(p, e)
+        ]
+        if under:
+            t, p, e, o = under[0]
+            return Verdict(
+                "set_aside",
+                f"its pending batch {planned} ends at {t}[{p}] {e}, below the table's {o}: "
+                f"another run of the pipeline moved the table on to {stored.describe()}",
+            )
     if position is None:
-        return Verdict("resume")  # batch 0's start is not recorded: the batch's check decides
+        if committed or not any(stored.offsets.values()):
+            return Verdict("resume")
+        # Batch 0 was planned, never committed, and its start is not recorded (the embedded
+        # source plans it from the table): a checkpoint without one committed batch holds
+        # nothing the table needs, and resuming it could only be fenced if the table moved.
+        return Verdict(
+            "set_aside",
+            f"its first batch was planned but never committed, and the table stores "
+            f"{stored.describe()} (a retried job)",
+        )
     shared = [
         (t, p, position[t][p], o)
         for t, parts in stored.offsets.items()
