@@ -12,6 +12,18 @@ process start time so a reused pid does not count), and, from another host, when
 is younger than :data:`STALE_AFTER_SECONDS`. A lease left by a killed process is therefore
 stale at once on its own host and after :data:`STALE_AFTER_SECONDS` elsewhere.
 
+"This host" means more than the hostname: a pid only names a process inside one PID namespace
+of one boot. Containers with host networking share the host's hostname but not its PID
+namespace, and a rebooted machine keeps its name but reuses pids. So a lease counts as written
+here only when hostname, boot id (``/proc/sys/kernel/random/boot_id``) and PID namespace
+(``/proc/self/ns/pid``) all match; where either id cannot be read, on either side (no
+``/proc``), the heartbeat decides, as for another host.
+
+A lease wrongly judged active (its run is gone but its heartbeat is still fresh, or a clock is
+off) never blocks an operator for good: the message names the lease file to delete, and
+``offsets reset --no-run-check`` skips the check (the Delta fence still refuses a reset
+that races a real commit).
+
 The lease is advisory. What makes a reset safe even when a run was missed (a host whose clock
 is off, a table location the lease cannot be written to) is the Delta fence: the reset is one
 commit of the pipeline's fence txn made without retries, so it and a pipeline commit cannot
@@ -30,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from pyarrow import fs as pafs
@@ -63,14 +75,38 @@ class Lease:
     query_id: str | None
     started_ms: int
     heartbeat_ms: int
+    # Where the pid means something: the kernel boot and the PID namespace of the writer (None
+    # where /proc does not tell, and in leases written before these fields existed).
+    boot_id: str | None = None
+    pid_namespace: str | None = None
+    # The file this lease was read from (not stored in it): what an operator deletes.
+    path: str | None = field(default=None, compare=False)
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        del record["path"]
+        return json.dumps(record)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, path: str | None = None) -> Lease:
+        record = json.loads(text)
+        known = {f.name for f in fields(cls)} - {"path"}
+        # A newer writer's extra fields are ignored rather than making the lease unreadable.
+        return cls(**{k: v for k, v in record.items() if k in known}, path=path)
 
     def describe(self, now_ms: int | None = None) -> str:
         now_ms = now_ms if now_ms is not None else _now_ms()
-        return (
+        text = (
             f"pid {self.pid} on {self.host}, checkpoint {self.checkpoint}, query "
             f"{self.query_id or '(starting)'}, started {(now_ms - self.started_ms) / 1000:.0f}s "
             f"ago, heartbeat {(now_ms - self.heartbeat_ms) / 1000:.0f}s ago"
         )
+        if self.path is not None:
+            text += (
+                f"; if you know that run is gone, delete its lease file {self.path} "
+                "or pass --no-run-check"
+            )
+        return text
 
 
 def _now_ms() -> int:
@@ -87,6 +123,41 @@ def _process_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def _read_id(path: str, read: Callable[[str], str]) -> str | None:
+    try:
+        return read(path).strip() or None
+    except OSError:  # no /proc (macOS, Windows), or not allowed to read it
+        return None
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """What makes a pid comparable: same hostname, same boot, same PID namespace."""
+
+    host: str
+    boot_id: str | None
+    pid_namespace: str | None
+
+    @classmethod
+    def here(cls) -> HostIdentity:
+        return cls(
+            host=socket.gethostname(),
+            boot_id=_read_id("/proc/sys/kernel/random/boot_id", lambda p: Path(p).read_text()),
+            pid_namespace=_read_id("/proc/self/ns/pid", os.readlink),
+        )
+
+    def wrote(self, lease: Lease) -> bool:
+        """True when ``lease`` was written in this boot and PID namespace of this host, so its
+        pid can be checked here. Unknown ids (either side) never count as a match."""
+        return (
+            lease.host == self.host
+            and self.boot_id is not None
+            and lease.boot_id == self.boot_id
+            and self.pid_namespace is not None
+            and lease.pid_namespace == self.pid_namespace
+        )
+
+
 def _pid_alive(pid: int, pid_start: int | None) -> bool:
     if not pid_exists(pid):
         return False
@@ -96,9 +167,9 @@ def _pid_alive(pid: int, pid_start: int | None) -> bool:
     return now_start is None or now_start == pid_start
 
 
-def is_active(lease: Lease, now_ms: int | None = None, host: str | None = None) -> bool:
+def is_active(lease: Lease, now_ms: int | None = None, here: HostIdentity | None = None) -> bool:
     """True when the run holding ``lease`` is still running (see the module docstring)."""
-    if lease.host == (host or socket.gethostname()):
+    if (here or HostIdentity.here()).wrote(lease):
         return _pid_alive(lease.pid, lease.pid_start)
     now_ms = now_ms if now_ms is not None else _now_ms()
     return now_ms - lease.heartbeat_ms < STALE_AFTER_SECONDS * 1000
@@ -123,12 +194,14 @@ def read_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
     except OSError as exc:
         raise LeaseUnavailableError(f"cannot read run leases in {folder}: {exc}") from None
     leases = []
+    # What an operator deletes: a local path, else the URI (pyarrow drops the scheme).
+    scheme = "" if local_path(table_uri) is not None else table_uri.split("://", 1)[0] + "://"
     for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
             continue
         try:
             with filesystem.open_input_stream(info.path) as stream:
-                leases.append(Lease(**json.loads(stream.read())))
+                leases.append(Lease.from_json(stream.read(), path=scheme + info.path))
         except FileNotFoundError:
             continue  # released while we listed
         except (OSError, TypeError, ValueError) as exc:
@@ -137,7 +210,8 @@ def read_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
 
 
 def active_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
-    return [lease for lease in read_leases(table_uri, pipeline_id) if is_active(lease)]
+    here = HostIdentity.here()
+    return [lease for lease in read_leases(table_uri, pipeline_id) if is_active(lease, here=here)]
 
 
 class RunLease:
@@ -153,16 +227,19 @@ class RunLease:
         self._created_table_folder = self._table is not None and not self._table.exists()
         pid = os.getpid()
         now = _now_ms()
+        here = HostIdentity.here()
         self.lease = Lease(
-            run_id=f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:8]}",
+            run_id=f"{here.host}-{pid}-{uuid.uuid4().hex[:8]}",
             pipeline_id=config.pipeline_id,
-            host=socket.gethostname(),
+            host=here.host,
             pid=pid,
             pid_start=_process_start(pid),
             checkpoint=config.checkpoint,
             query_id=None,
             started_ms=now,
             heartbeat_ms=now,
+            boot_id=here.boot_id,
+            pid_namespace=here.pid_namespace,
         )
         self._query_id = query_id
         self._stop = threading.Event()
@@ -179,7 +256,7 @@ class RunLease:
             self._fs.create_dir(self._folder, recursive=True)  # a released run may prune it
             temporary = f"{self._folder}/.{self.lease.run_id}.tmp"
             with self._fs.open_output_stream(temporary) as stream:
-                stream.write(json.dumps(asdict(self.lease)).encode())
+                stream.write(self.lease.to_json().encode())
             self._fs.move(temporary, self.path)  # readers never see half a file
 
     def acquire(self) -> RunLease:
