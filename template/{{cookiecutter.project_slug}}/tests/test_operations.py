@@ -75,7 +75,7 @@ def _fails_in_batch(df):
     raise RuntimeError("transform failed inside batch 0")
 
 
-def test_a_retried_checkpoint_whose_batch_zero_never_committed_is_set_aside_and_resumes_from_the_table(
+def test_a_retried_checkpoint_whose_batch_zero_never_committed_is_set_aside_and_resumes(
     spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path: Path
 ) -> None:
     (topic,) = new_topics(1, partitions=2)
