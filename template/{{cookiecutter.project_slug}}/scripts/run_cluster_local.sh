@@ -4,20 +4,26 @@
 # with spark.jars.repositories). The coordinates match the installed pyspark and delta-spark
 # (io.delta:delta-spark_<spark major.minor>_2.13, delta-spark's own rule): see connector_packages().
 # Without Maven access (air-gapped), KAFKA_DELTA_JARS=<folder> passes every jar of that folder
-# with --jars instead: delta-spark's jars, and spark-sql-kafka's with kafka-clients.
+# with --jars instead (scripts/run_local.sh does it): it must hold delta-spark's jars AND Spark's
+# kafka source (spark-sql-kafka-0-10 with kafka-clients and spark-token-provider-kafka-0-10).
+# With delta-spark's jars alone, use the embedded source: `engine: {source: embedded, sink:
+# delta_spark}` in the config and KAFKA_DELTA_JARS=<folder> scripts/run_local.sh.
 #   scripts/run_cluster_local.sh --bootstrap-servers 127.0.0.1:9092 [--trigger processing-time]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
 if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   [ -d "$KAFKA_DELTA_JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS is not a folder" >&2; exit 2; }
-  JARS="$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name '*.jar' | sort | paste -sd, -)"
-  [ -n "$JARS" ] || { echo "error: $KAFKA_DELTA_JARS holds no .jar file" >&2; exit 2; }
-  CONNECTORS="--jars $JARS"
-else
-  CONNECTORS="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m {{ cookiecutter.package_name }}.connectors)"
+  # This script forces Spark's kafka source (--engine cluster): without its jar the run would
+  # only fail after Spark started, with a class-not-found trace.
+  if [ -z "$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name 'spark-sql-kafka-0-10*.jar' -print -quit)" ]; then
+    echo "error: the cluster engine reads with Spark's kafka source, whose jar (spark-sql-kafka-0-10, with kafka-clients) is not in KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS; with delta-spark's jars alone, set engine: {source: embedded, sink: delta_spark} in the config and run KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS scripts/run_local.sh" >&2
+    exit 2
+  fi
+  exec scripts/run_local.sh --engine cluster "$@"  # it puts the folder's jars on --jars
 fi
-export SPARK_SUBMIT_EXTRA="$CONNECTORS \
+export SPARK_SUBMIT_EXTRA="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m {{ cookiecutter.package_name }}.connectors) \
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
+  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
+  ${SPARK_SUBMIT_EXTRA:-}"
 exec scripts/run_local.sh --engine cluster "$@"

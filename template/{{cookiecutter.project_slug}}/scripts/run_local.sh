@@ -6,9 +6,25 @@
 # Spark's Python workers import the package by name: they get src/ through PYTHONPATH and run
 # this same interpreter (PYSPARK_PYTHON), or they fail with "Python worker failed to connect back".
 # SPARK_SUBMIT_EXTRA adds spark-submit options (scripts/run_cluster_local.sh passes --packages).
+# KAFKA_DELTA_JARS=<folder> puts every jar of that folder on spark-submit --jars, with Delta's
+# session extension and catalog: the delta-spark sink without Maven access. The config's engine
+# still picks the sink: `engine: {source: embedded, sink: delta_spark}` reads with the embedded
+# source (no kafka connector jars needed) and writes with delta-spark from that folder's jars.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
+if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
+  [ -d "$KAFKA_DELTA_JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS is not a folder" >&2; exit 2; }
+  JARS="$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name '*.jar' | sort | paste -sd, -)"
+  [ -n "$JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS holds no .jar file" >&2; exit 2; }
+  echo "run_local.sh: connector jars from $KAFKA_DELTA_JARS on --jars, with Delta's session extension" >&2
+  # Delta's extension and catalog are what delta-spark needs outside Databricks (connectors.py,
+  # DELTA_SESSION_CONFS); without them its DeltaLog works but SQL on the table does not.
+  SPARK_SUBMIT_EXTRA="--jars $JARS \
+    --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
+    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
+    ${SPARK_SUBMIT_EXTRA:-}"
+fi
 export PYSPARK_PYTHON="$PYTHON" PYSPARK_DRIVER_PYTHON="$PYTHON"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 ARGS=("$@")

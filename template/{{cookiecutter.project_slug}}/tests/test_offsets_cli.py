@@ -8,6 +8,7 @@ pipeline around the commands.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -22,8 +23,13 @@ import yaml
 from deltalake import DeltaTable
 
 from conftest import skip_without_connectors
-from {{ cookiecutter.package_name }}.checkpoint import CheckpointMismatchError
-from {{ cookiecutter.package_name }}.commands.reset import commit_reset, parse_when, plan_reset
+from {{ cookiecutter.package_name }}.commands.offsets import _parser
+from {{ cookiecutter.package_name }}.commands.reset import (
+    commit_reset,
+    parse_duration,
+    parse_when,
+    plan_reset,
+)
 from {{ cookiecutter.package_name }}.commands.table_log import CommandError, newest_commit
 from {{ cookiecutter.package_name }}.commit_back import OffsetCommitter
 from {{ cookiecutter.package_name }}.config import PipelineConfig
@@ -196,7 +202,105 @@ def test_console_script_dispatch_runs_offsets_show_and_keeps_the_run_options(
     assert helped.returncode == 0 and "--trigger" in helped.stdout and "offsets" in helped.stdout
 
 
+def _broker_cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The embedded broker's tool, as scripts/broker.sh runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.devtools.broker", *args, "--state", str(state)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(SRC)),
+        timeout=120,
+        check=False,
+    )
+
+
+def _local_project(root: Path, cfg: PipelineConfig) -> Path:
+    """A project folder whose conf/local.yaml names the template's default local address,
+    127.0.0.1:9092, as a freshly generated project's does; returns the config's path."""
+    document = cfg.model_dump(mode="json")
+    document["kafka"]["bootstrap_servers"] = "127.0.0.1:9092"
+    document["delta"]["table"] = "data/table"  # relative: resolved against the project root
+    path = root / "conf" / "local.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_console_script_uses_the_broker_scripts_broker_sh_started_and_says_so(
+    make_config, tmp_path, capsys
+) -> None:
+    from {{ cookiecutter.package_name }}.devtools.produce import ensure_topics
+    from {{ cookiecutter.package_name }}.main import build_config
+
+    project = tmp_path / "project"
+    state = project / ".broker.json"
+    project.mkdir()
+    started = _broker_cli(state, "start")  # what `scripts/broker.sh start` runs
+    assert started.returncode == 0, started.stderr
+    address = started.stdout.strip()
+    try:
+        topic = "orders-local"
+        ensure_topics(address, [topic], 1)
+        produce_events(address, [topic], 10)
+        cfg = make_config([topic]).with_overrides(
+            **{"delta.table": str(project / "data" / "table")}
+        )
+        _sink_batches(cfg, [({}, {topic: {0: 10}})])
+        conf = _local_project(project, cfg)
+
+        # The README's quick start, then the console script with no address anywhere.
+        shown = subprocess.run(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "offsets", "show", "--json"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(SRC)),
+            timeout=120,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["stored"]["offsets"] == {topic: {"0": 10}}
+        assert shown.stderr.splitlines() == [
+            f"using the broker scripts/broker.sh started, at {address} ({state}; "
+            "--bootstrap-servers overrides)"
+        ]
+
+        # --bootstrap-servers wins, silently; a config naming another address ignores the file.
+        parse = _parser().parse_args
+        capsys.readouterr()
+        given = build_config(parse(["show", "--config", str(conf), "--bootstrap-servers", "h:1"]))
+        assert given.kafka.bootstrap_servers == "h:1" and capsys.readouterr().err == ""
+        other = _local_project(tmp_path / "other", cfg.with_overrides(pipeline_id="x"))
+        other.write_text(other.read_text().replace("127.0.0.1:9092", "kafka.internal:9092"))
+        (tmp_path / "other" / ".broker.json").write_text(state.read_text())
+        chosen = build_config(parse(["show", "--config", str(other)]))
+        assert chosen.kafka.bootstrap_servers == "kafka.internal:9092"
+    finally:
+        stopped = _broker_cli(state, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+
+    # A state file left behind by a broker that is gone is ignored, and said so.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    state.write_text(json.dumps({"pid": int(dead.stdout), "bootstrap_servers": address}))
+    capsys.readouterr()
+    config = build_config(_parser().parse_args(["show", "--config", str(conf)]))
+    assert config.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert "is no longer running; using kafka.bootstrap_servers 127.0.0.1:9092" in (
+        capsys.readouterr().err
+    )
+
+
 # -- reset ------------------------------------------------------------------------------------
+
+
+def _reset_args(*argv: str) -> argparse.Namespace:
+    """``offsets reset`` arguments as the command's own parser reads them."""
+    return _parser().parse_args(["reset", *argv])
 
 
 def _newest(cfg: PipelineConfig):
@@ -214,15 +318,27 @@ def test_reset_each_way_is_one_audited_commit_with_txns_then_the_group(
     version, seq = table.version(), _newest(cfg).record.seq
     produce_events(kafka_bootstrap, [topic], 20, first_id=80)  # latest is now 50 per partition
 
-    # Dry run: prints the change, writes nothing (table and group unchanged).
-    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--dry-run")
-    assert status == 0 and "dry run: nothing written" in out
-    assert [topic, "0", "40", "50", "+10", "skipped"] in [line.split() for line in out.splitlines()]
-    assert DeltaTable(cfg.delta.table).version() == version
-    assert _group(cfg, parts) == {topic: {0: 40, 1: 40}}
+    # Without --execute (or with --dry-run): prints the change, writes nothing.
+    for preview in ([], ["--dry-run"]):
+        status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", *preview)
+        assert status == 0 and "preview: nothing written" in out
+        rows = [line.split() for line in out.splitlines()]
+        assert [topic, "0", "40", "50", "+10", "skips", "10", "unread"] in rows
+        assert DeltaTable(cfg.delta.table).version() == version
+        assert _group(cfg, parts) == {topic: {0: 40, 1: 40}}
 
-    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--reason", "skip")
-    assert status == 0, out
+    status, out, err = _cli(
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--to-latest",
+        "--reason",
+        "skip",
+        "--execute",
+        "--allow-skip",
+    )
+    assert status == 0, err
     table = DeltaTable(cfg.delta.table)
     assert table.version() == version + 1  # ONE commit
     newest = _newest(cfg)
@@ -231,22 +347,32 @@ def test_reset_each_way_is_one_audited_commit_with_txns_then_the_group(
     assert newest.record.reset is not None
     assert newest.record.reset["to"] == "latest" and newest.record.reset["reason"] == "skip"
     assert newest.record.reset["from"] == {topic: {"0": 40, "1": 40}}
+    assert newest.record.reset["skip"] == [[topic, 0, 10], [topic, 1, 10]]
     assert table.history(1)[0]["operationMetrics"]["num_added_rows"] == 0  # no data
     assert table.transaction_version(f"{cfg.pipeline_id}:fence") == seq + 1
     assert table.transaction_version(f"{cfg.pipeline_id}:offset:{topic}:0") == 50
     assert table.transaction_version(newest.record.app_id) == 0
     assert _group(cfg, parts) == {topic: {0: 50, 1: 50}}
-    assert "move the checkpoint aside" not in out  # this checkpoint never ran
+    assert "the checkpoint holds no batches" in out  # this checkpoint never ran
 
-    # Explicit offsets: only the named partition moves (forward), the other is carried.
-    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:1=50")
+    # Explicit offsets: only the named partition moves, the other is carried.
+    status, out, _ = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:1=50", "--execute"
+    )
     assert status == 0 and "already stores these offsets" in out
     assert DeltaTable(cfg.delta.table).version() == version + 1
 
     # Earliest and explicit backwards need --allow-rewind (see the next test); a datetime
     # before every record is earliest too. All records carry their produce time.
     status, out, err = _cli(
-        cfg, tmp_path, capsys, "reset", "--to-datetime", "2000-01-01T00:00:00Z", "--allow-rewind"
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--to-datetime",
+        "2000-01-01T00:00:00Z",
+        "--allow-rewind",
+        "--execute",
     )
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 0, 1: 0}}
@@ -254,11 +380,20 @@ def test_reset_each_way_is_one_audited_commit_with_txns_then_the_group(
     assert _group(cfg, parts) == {topic: {0: 0, 1: 0}}
 
     status, out, err = _cli(
-        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=7,{topic}:1=9"
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--to-offsets",
+        f"{topic}:0=7,{topic}:1=9",
+        "--execute",
+        "--allow-skip",
     )
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 7, 1: 9}}
-    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind", "--execute"
+    )
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 0, 1: 0}}
     assert DeltaTable(cfg.delta.table).version() == version + 4
@@ -279,13 +414,14 @@ def test_reset_to_a_datetime_finds_the_first_record_at_or_after_it(
         producer.flush(30)
     cfg = make_config([topic])
     _sink_batches(cfg, [({}, {topic: {0: 4}})])
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 9_500))
+    run = ("--execute", "--allow-skip")
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 9_500), *run)
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 10}}
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 10_000))
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 10_000), *run)
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 10}}  # at it: that record itself
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 60_000))
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-datetime", str(base + 60_000), *run)
     assert status == 0, err
     assert _newest(cfg).record.end_offsets == {topic: {0: 20}}  # after every record: latest
 
@@ -295,10 +431,12 @@ def test_reset_refuses_to_rewind_without_the_flag_and_writes_nothing(
 ) -> None:
     cfg, topic = written
     version = DeltaTable(cfg.delta.table).version()
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=10")
-    assert status == 2
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=10", "--execute"
+    )
+    assert status == 2 and out == "" and err.count("error:") == 1
     assert "moves partitions backwards" in err and f"{topic}:0 40 -> 10" in err
-    assert "--allow-rewind" in err
+    assert "Pass --allow-rewind" in err
     assert DeltaTable(cfg.delta.table).version() == version
     assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
 
@@ -323,21 +461,25 @@ def test_reset_refuses_while_a_live_process_holds_the_run_lease(written, tmp_pat
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         version = DeltaTable(cfg.delta.table).version()
-        status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+        status, _, err = _cli(
+            cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind", "--execute"
+        )
         assert status == 2
         assert f"pid {holder.pid}" in err and "is running" in err and "Nothing was written" in err
         assert DeltaTable(cfg.delta.table).version() == version
-        # A dry run still shows the plan, and says the run is active.
+        # A preview still shows the plan, and says the run is active.
         status, out, _ = _cli(
             cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind", "--dry-run"
         )
-        assert status == 0 and "note: pipeline" in out and "dry run: nothing written" in out
+        assert status == 0 and "note: pipeline" in out and "preview: nothing written" in out
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
     # Killed without releasing: its lease file remains, but its process is gone on this host.
     assert [lease.pid for lease in read_leases(cfg.delta.table, cfg.pipeline_id)] == [holder.pid]
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind")
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-earliest", "--allow-rewind", "--execute"
+    )
     assert status == 0, err
 
 
@@ -374,6 +516,11 @@ def test_run_lease_heartbeats_and_leaves_nothing_behind(
         (["--to-offsets", "{topic}0=41"], "is not TOPIC:PARTITION=OFFSET"),
         (["--to-datetime", "2999-01-01T00:00:00Z"], "is in the future"),
         (["--to-datetime", "yesterday"], "neither an ISO 8601 time"),
+        (["--shift-by", "1"], "{topic}:0 shifted by +1 to 41 is outside what Kafka holds"),
+        (["--shift-by", "-41"], "{topic}:0 shifted by -41 to -1 is outside what Kafka holds"),
+        (["--by-duration", "P1M"], "is not an ISO 8601 duration"),
+        (["--from-file", "/nonexistent.csv"], "--from-file: cannot read /nonexistent.csv"),
+        (["--from-file", "/dev/null", "--topic", "x"], "--topic does not apply to --from-file"),
     ],
 )
 def test_reset_bad_input_gets_one_clear_error_and_writes_nothing(
@@ -404,17 +551,13 @@ def test_reset_of_a_table_without_this_pipelines_commits_is_refused(
 
 @pytest.mark.parametrize("racer", ["delta_rs", "delta_spark"])
 def test_a_reset_and_a_pipeline_commit_racing_cannot_both_land(written, racer) -> None:
-    import argparse
-
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from {{ cookiecutter.package_name }}.offsets import fence_app_id
 
     cfg, topic = written
     table = DeltaTable(cfg.delta.table)
-    args = argparse.Namespace(
-        to_earliest=False, to_latest=True, to_datetime=None, to_offsets=None, topic=None
-    )
+    args = _reset_args("--to-latest")
     plan = plan_reset(cfg, args, table, KafkaAdmin(cfg.kafka.client_config()))
     # The pipeline commits its next batch after the reset read the offsets.
     end = {topic: {0: 40, 1: 40}}
@@ -437,26 +580,228 @@ def test_a_reset_and_a_pipeline_commit_racing_cannot_both_land(written, racer) -
 
 
 def test_a_run_the_lease_missed_cannot_commit_over_a_reset_and_is_told_why(written) -> None:
-    import argparse
-
-    from {{ cookiecutter.package_name }}.engine import FencingError
+    from {{ cookiecutter.package_name }}.fencing import FencingError
 
     cfg, topic = written
     table = DeltaTable(cfg.delta.table)
-    args = argparse.Namespace(
-        to_earliest=False,
-        to_latest=False,
-        to_datetime=None,
-        to_offsets=f"{topic}:0=10",
-        topic=None,
-    )
+    args = _reset_args("--to-offsets", f"{topic}:0=10")
     plan = plan_reset(cfg, args, table, KafkaAdmin(cfg.kafka.client_config()))
     commit_reset(table, cfg, plan, reason="missed run")
     # The running pipeline's next batch starts where its checkpoint ended (40, 40).
     start = {topic: {0: 40, 1: 40}}
-    with pytest.raises(FencingError, match="An operator reset the table's offsets"):
+    with pytest.raises(FencingError, match="an operator reset the table's offsets"):
         _sink_batches(cfg, [(start, {topic: {0: 40, 1: 40}})], first_batch=2)
     assert _newest(cfg).record.reset is not None
+
+
+def test_executing_a_forward_skip_needs_allow_skip_and_the_preview_names_the_flag(
+    written, kafka_bootstrap, tmp_path, capsys
+) -> None:
+    cfg, topic = written
+    version = DeltaTable(cfg.delta.table).version()
+    produce_events(kafka_bootstrap, [topic], 20, first_id=80)  # latest is now 50 per partition
+
+    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=45")
+    assert status == 0
+    assert "needs --allow-skip: the reset moves partitions forward past records not yet in" in out
+    assert f"{topic}:0 40 -> 45: 5 records" in out
+    assert out.splitlines()[-1] == (
+        "preview: nothing written; to do it, run the same command with --execute --allow-skip"
+    )
+
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=45", "--execute"
+    )
+    assert status == 2 and out == "" and err.count("error:") == 1 and len(err.splitlines()) == 1
+    assert f"({topic}:0 40 -> 45: 5 records): they would never be read" in err
+    assert err.rstrip().endswith("Nothing was written. Pass --allow-skip to do it anyway.")
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
+
+    # Both lossy directions at once name both flags, in one sentence.
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=45,{topic}:1=30", "--execute"
+    )
+    assert status == 2 and "Pass --allow-rewind --allow-skip to do it anyway" in err
+    assert DeltaTable(cfg.delta.table).version() == version
+
+
+def test_reset_shift_by_moves_each_stored_offset_relative_to_itself(
+    written, tmp_path, capsys
+) -> None:
+    cfg, topic = written
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--shift-by", "-15", "--allow-rewind", "--execute"
+    )
+    assert status == 0, err
+    newest = _newest(cfg).record
+    assert newest.end_offsets == {topic: {0: 25, 1: 25}} and newest.reset["to"] == "shift by -15"
+    assert newest.reset["rewind"] == [[topic, 0], [topic, 1]]
+    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--shift-by", "10", "--execute")
+    assert status == 2 and "Pass --allow-skip" in err
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--shift-by", "10", "--allow-skip", "--execute"
+    )
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 35, 1: 35}}
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 35, 1: 35}}
+
+
+def test_reset_shift_by_refuses_a_partition_with_no_stored_offset(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 40)
+    cfg = make_config([topic])
+    _sink_batches(cfg, [({}, {topic: {0: 4}})])  # partition 1 never read
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--shift-by", "1")
+    assert status == 2 and out == ""
+    assert f"--shift-by: {topic}:1 has no stored offset to start from" in err
+
+
+def test_reset_by_duration_moves_to_the_first_record_of_now_minus_the_duration(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    from confluent_kafka import Producer
+
+    (topic,) = new_topics(1, partitions=1)
+    # Record i is stamped (20 - i) minutes ago: PT10M30S reaches back to record 10.
+    now = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(20):
+        producer.produce(topic, value=b"{}", partition=0, timestamp=now - (20 - i) * 60_000)
+        producer.flush(30)
+    cfg = make_config([topic])
+    _sink_batches(cfg, [({}, {topic: {0: 4}})])
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--by-duration", "PT10M30S", "--execute", "--allow-skip"
+    )
+    assert status == 0, err
+    newest = _newest(cfg).record
+    assert newest.end_offsets == {topic: {0: 10}}
+    assert str(newest.reset["to"]).startswith("duration PT10M30S: datetime ")
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--by-duration", "P1D", "--execute", "--allow-rewind"
+    )
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 0}}  # before every record: earliest
+
+
+def test_parse_duration_reads_iso_8601_durations_and_refuses_months() -> None:
+    assert parse_duration("PT1H") == 3_600_000
+    assert parse_duration("pt30m") == 1_800_000
+    assert parse_duration("P1DT2H") == 93_600_000
+    assert parse_duration("P2W") == 14 * 86_400_000
+    assert parse_duration("PT0.5S") == 500
+    for bad in ("P1M", "P1Y", "PT", "P", "1h", "PT1H30", "-PT1H"):
+        with pytest.raises(CommandError, match="is not an ISO 8601 duration"):
+            parse_duration(bad)
+
+
+def test_reset_to_current_rewrites_the_stored_offsets_as_an_audited_commit(
+    written, tmp_path, capsys
+) -> None:
+    cfg, topic = written
+    _push_group(cfg, {topic: {0: 3, 1: 5}})  # the group drifted from the table
+    version = DeltaTable(cfg.delta.table).version()
+    status, out, _ = _cli(cfg, tmp_path, capsys, "reset", "--to-current")
+    assert status == 0 and "preview: nothing written" in out
+    assert [topic, "0", "40", "40", "0"] in [line.split() for line in out.splitlines()]
+    assert DeltaTable(cfg.delta.table).version() == version
+
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-current", "--execute", "--reason", "audit"
+    )
+    assert status == 0, err
+    assert DeltaTable(cfg.delta.table).version() == version + 1
+    newest = _newest(cfg).record
+    assert newest.end_offsets == {topic: {0: 40, 1: 40}}
+    assert newest.reset["to"] == "current" and newest.reset["reason"] == "audit"
+    assert newest.reset["from"] == {} and newest.reset["rewind"] == []
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
+    assert "sets checkpoint" not in out  # nothing moved: a checkpoint resumes as it is
+    # A run that reads on from the stored offsets is not disturbed by it.
+    _sink_batches(cfg, [({topic: {0: 40, 1: 40}}, {topic: {0: 40, 1: 40}})], first_batch=2)
+    assert _newest(cfg).record.batch_id == 2
+
+
+def test_show_csv_round_trips_through_reset_from_file(written, tmp_path, capsys) -> None:
+    cfg, topic = written
+    status, csv_text, _ = _cli(cfg, tmp_path, capsys, "show", "--csv")
+    assert status == 0
+    assert csv_text == f"{topic},0,40\n{topic},1,40\n"  # kafka-consumer-groups --export's rows
+    saved = tmp_path / "offsets.csv"
+    saved.write_text(csv_text)
+
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--from-file", str(saved), "--execute")
+    assert status == 0, err
+    assert "already stores these offsets" in out
+    status, _, err = _cli(
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--to-offsets",
+        f"{topic}:0=10,{topic}:1=20",
+        "--execute",
+        "--allow-rewind",
+    )
+    assert status == 0, err
+    status, out, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--from-file", str(saved), "--execute", "--allow-skip"
+    )
+    assert status == 0, err
+    newest = _newest(cfg).record
+    assert newest.end_offsets == {topic: {0: 40, 1: 40}}
+    assert newest.reset["to"] == f"file {saved}"
+    assert _group(cfg, {topic: [0, 1]}) == {topic: {0: 40, 1: 40}}
+
+    # A header row is allowed; partitions the file does not name keep their offsets.
+    partial = tmp_path / "partial.csv"
+    partial.write_text(f"topic,partition,offset\n{topic},1,30\n")
+    status, _, err = _cli(
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--from-file",
+        str(partial),
+        "--execute",
+        "--allow-rewind",
+    )
+    assert status == 0, err
+    assert _newest(cfg).record.end_offsets == {topic: {0: 40, 1: 30}}
+
+    bad = tmp_path / "bad.csv"
+    for text, message in [
+        (f"{topic},0,15\n{topic},x,1\n", f"line 2: '{topic},x,1' is not TOPIC,PARTITION,OFFSET"),
+        (f"{topic},0,15\n{topic},0,16\n", f"names {topic}:0 twice"),
+        (f"{topic},0,41\n", f"offset 41 of {topic}:0 is outside what Kafka holds, [0, 40]"),
+        ("\n", "holds no TOPIC,PARTITION,OFFSET rows"),
+    ]:
+        bad.write_text(text)
+        version = DeltaTable(cfg.delta.table).version()
+        status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--from-file", str(bad))
+        assert status == 2 and out == "" and err.count("error:") == 1
+        assert message in err
+        assert DeltaTable(cfg.delta.table).version() == version
+
+
+def test_offsets_usage_names_the_console_script(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["offsets", "reset", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: {{ cookiecutter.project_slug }} offsets reset ")
+    for flag in (
+        "--execute",
+        "--allow-skip",
+        "--shift-by",
+        "--by-duration",
+        "--to-current",
+        "--from-file",
+    ):
+        assert flag in out
 
 
 def test_parse_when_reads_iso_and_epoch_ms_and_refuses_the_future() -> None:
@@ -469,7 +814,7 @@ def test_parse_when_reads_iso_and_epoch_ms_and_refuses_the_future() -> None:
 
 
 @pytest.mark.spark
-def test_pipeline_refuses_a_checkpoint_older_than_a_reset_then_resumes_at_the_reset(
+def test_pipeline_sets_aside_a_checkpoint_older_than_a_reset_and_resumes_at_the_reset(
     spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
 ) -> None:
     from {{ cookiecutter.package_name }}.pipeline import Pipeline
@@ -479,15 +824,23 @@ def test_pipeline_refuses_a_checkpoint_older_than_a_reset_then_resumes_at_the_re
     cfg = make_config([topic])
     Pipeline(spark, cfg).run()
     produce_events(kafka_bootstrap, [topic], 40, first_id=40)  # ids 40-79: skipped by the reset
-    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-latest", "--reason", "skip")
+    status, out, err = _cli(
+        cfg,
+        tmp_path,
+        capsys,
+        "reset",
+        "--to-latest",
+        "--reason",
+        "skip",
+        "--execute",
+        "--allow-skip",
+    )
     assert status == 0, err
-    assert f"mv {cfg.checkpoint} {cfg.checkpoint}.before-reset-" in out
+    assert f"the next run sets checkpoint {cfg.checkpoint} aside" in out
     produce_events(kafka_bootstrap, [topic], 20, first_id=80)
 
-    with pytest.raises(CheckpointMismatchError, match=r"were reset at .* after checkpoint"):
-        Pipeline(spark, cfg).run()
-    Path(cfg.checkpoint).rename(f"{cfg.checkpoint}.before-reset")
     Pipeline(spark, cfg).run()
+    assert list(Path(cfg.checkpoint).parent.glob(f"{Path(cfg.checkpoint).name}.set-aside-*"))
 
     ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
     assert sorted(ids) == [*range(40), *range(80, 100)]
@@ -596,7 +949,9 @@ def test_verify_names_a_dead_letter_outside_the_committed_ranges(
     # An operator skips 40-50 of partition 0; the pipeline then reads on from 50. A dead letter
     # at 45 (sent before a main commit that never came) lies in no committed range.
     produce_events(kafka_bootstrap, [topic], 40, first_id=80)  # latest 60 per partition
-    status, _, err = _cli(cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=50")
+    status, _, err = _cli(
+        cfg, tmp_path, capsys, "reset", "--to-offsets", f"{topic}:0=50", "--execute", "--allow-skip"
+    )
     assert status == 0, err
     _sink_batches(cfg, [({topic: {0: 50, 1: 40}}, {topic: {0: 60, 1: 60}})], first_batch=2)
     _push_group(cfg, {topic: {0: 60, 1: 60}})

@@ -1,11 +1,19 @@
 """``<script> offsets show | reset | verify``: the pipeline's offsets the way
 ``kafka-consumer-groups --describe`` shows a group's, moved safely, and proven whole.
 
-    orders-stream offsets show [--json]
-    orders-stream offsets reset --to-earliest | --to-latest | --to-datetime 2025-01-01T00:00:00Z
-                               | --to-offsets orders:0=15,orders:1=20  [--topic T] [--dry-run]
-                               [--allow-rewind] [--reason TEXT]
+    orders-stream offsets show [--json | --csv]
+    orders-stream offsets reset TARGET [--topic T] [--execute] [--allow-rewind] [--allow-skip]
+                               [--reason TEXT]
+        TARGET: --to-earliest | --to-latest | --to-current | --shift-by N
+              | --to-datetime 2025-01-01T00:00:00Z | --by-duration PT1H
+              | --to-offsets orders:0=15,orders:1=20 | --from-file offsets.csv
     orders-stream offsets verify [--ids id]
+
+``reset`` works like ``kafka-consumer-groups --reset-offsets``: it prints the plan and writes
+nothing unless ``--execute``; a move backwards needs ``--allow-rewind`` and a move forward past
+records not yet in the table ``--allow-skip``. ``show --csv`` writes the stored offsets as the
+``TOPIC,PARTITION,OFFSET`` rows ``--from-file`` reads (and ``kafka-consumer-groups --export``
+writes).
 
 ``show`` and ``verify`` read the table with delta-rs and Kafka with confluent-kafka; none of the
 three starts Spark. Exit status: 0 done (verify: everything holds), 1 verify found a problem (or
@@ -41,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     from ..main import add_config_options
 
     parser = argparse.ArgumentParser(
-        prog=f"{__package__.rsplit('.', 1)[0]} offsets",
+        # The console script is the package's name with "-" for "_" (pyproject's scripts).
+        prog=f"{__package__.rsplit('.', 1)[0].replace('_', '-')} offsets",
         description="Show, reset or verify the offsets the pipeline stores in its Delta table.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -53,11 +62,19 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     show = command("show", "one row per topic-partition: stored, group, earliest, latest, lag")
-    show.add_argument("--json", action="store_true", help="print the same as JSON")
+    form = show.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the same as JSON")
+    form.add_argument(
+        "--csv",
+        action="store_true",
+        help="print the stored offsets only, as TOPIC,PARTITION,OFFSET rows (what "
+        "`reset --from-file` reads, as kafka-consumer-groups --export writes them)",
+    )
 
     reset = command(
         "reset",
-        "move the stored offsets as one audited Delta commit (no data), then the group's",
+        "move the stored offsets as one audited Delta commit (no data), then the group's; "
+        "prints the plan and writes nothing unless --execute",
     )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="each partition's earliest")
@@ -74,18 +91,52 @@ def _parser() -> argparse.ArgumentParser:
         help="explicit offsets, TOPIC:PARTITION=OFFSET[,...] (e.g. orders:0=15,orders:1=20); "
         "other partitions keep theirs",
     )
+    to.add_argument(
+        "--to-current",
+        action="store_true",
+        help="the stored offsets as they are (re-aligns the group; records an audited commit)",
+    )
+    to.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="N",
+        help="each stored offset plus N (negative: back by -N)",
+    )
+    to.add_argument(
+        "--by-duration",
+        metavar="DURATION",
+        help="first offset at or after now minus DURATION, ISO 8601 (PT30M, PT1H, P1DT2H)",
+    )
+    to.add_argument(
+        "--from-file",
+        metavar="CSV",
+        help="offsets from TOPIC,PARTITION,OFFSET rows (`offsets show --csv`, or "
+        "kafka-consumer-groups --export); other partitions keep theirs",
+    )
     reset.add_argument(
         "--topic",
         action="append",
         help="only this topic (repeatable; default: the config's topics)",
     )
-    reset.add_argument(
-        "--dry-run", action="store_true", help="print what would change, write nothing"
+    mode = reset.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would change, write nothing (the default without --execute)",
+    )
+    mode.add_argument(
+        "--execute", action="store_true", help="commit the reset (without it: a preview)"
     )
     reset.add_argument(
         "--allow-rewind",
         action="store_true",
-        help="allow moving partitions backwards (records are read again; needs a new checkpoint)",
+        help="allow moving partitions backwards (their records are read and written again)",
+    )
+    reset.add_argument(
+        "--allow-skip",
+        action="store_true",
+        help="allow moving partitions forward past records not yet in the table (they are "
+        "never read)",
     )
     reset.add_argument("--reason", default="", help="why, recorded in the commit")
     reset.add_argument(
@@ -118,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reset":
             from .reset import run_reset
 
+            if args.csv:
+                print(show_csv(config), end="")
+                return 0
             return run_reset(config, args)
         from .verify import run_verify
 
@@ -209,6 +263,20 @@ _COLUMNS = [
     ("STORED", "stored_offset"),
     ("VERSION", "delta_version"),
     ("BATCH", "batch_id"),
+def show_csv(config: PipelineConfig) -> str:
+    """The stored offsets as ``TOPIC,PARTITION,OFFSET`` lines, no header: the file
+    ``kafka-consumer-groups --reset-offsets --export`` writes and ``--from-file`` reads. Only
+    partitions with a stored offset, as Kafka's export holds only committed ones."""
+    table = open_existing(config.delta.table, config)
+    partitions, _ = kafka_partitions(admin_for(config), config.kafka.topics)
+    stored, _ = stored_offsets(table, config, partitions)
+    return "".join(
+        f"{t},{p},{offset}\n"
+        for t, parts in sorted(stored.offsets.items())
+        for p, offset in sorted(parts.items())
+    )
+
+
     ("APP_ID", "app_id"),
     ("COMMITTED_AT", "committed_at"),
     ("GROUP", "group_offset"),

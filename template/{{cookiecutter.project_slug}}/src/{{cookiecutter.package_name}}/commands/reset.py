@@ -1,6 +1,12 @@
 """``offsets reset``: move the pipeline's stored offsets, as one audited Delta commit of the
 pipeline with no data, then copy them to the consumer group.
 
+Like ``kafka-consumer-groups --reset-offsets``, it prints the plan and writes nothing unless
+``--execute``. Both lossy directions need their own flag, even then: ``--allow-rewind`` to move
+a partition backwards (records read and written again), ``--allow-skip`` to move it forward past
+records the table does not hold yet (records never read). Explicit offsets (``--to-offsets``,
+``--from-file``, ``--shift-by``, ``--to-current``) must lie in Kafka's ``[earliest, latest]``.
+
 The commit has the shape of a batch commit (:class:`..offsets.BatchCommit`): ``userMetadata``
 with the new offsets (the partitions not reset carried forward) plus a ``reset`` record (who,
 when, why, to what, from which offsets, which partitions move backwards), and the txn actions
@@ -10,20 +16,22 @@ were read from, so a pipeline commit landing meanwhile makes the reset fail (not
 and a pipeline batch planned before the reset fails fencing instead of overwriting it.
 
 A checkpoint that planned batches before the reset would resume from its own positions: the
-pipeline refuses to resume it (:meth:`..checkpoint.CheckpointLog.refuse_if_older_than`), and
-this command says how to move it aside.
+pipeline's next start sets it aside and resumes from the reset (:mod:`..recovery`), as this
+command says.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import getpass
 import os
+import re
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,7 +41,7 @@ from deltalake.exceptions import CommitFailedError
 from ..checkpoint import CheckpointLog, local_path
 from ..commit_back import OffsetCommitter
 from ..config import PipelineConfig
-from ..kafka_admin import KafkaAdmin
+from ..kafka_admin import KafkaAdmin, Watermarks
 from ..offsets import BatchCommit, Offsets, StoredOffsets, app_id, format_ms, offsets_to_json
 from ..run_lease import LeaseUnavailableError, active_leases
 from .table_log import (
@@ -61,10 +69,27 @@ class Move:
     partition: int
     stored: int | None
     new: int
+    # Where the pipeline would read next without the reset (the stored offset, else where
+    # kafka.starting_offsets starts a partition), and Kafka's earliest offset.
+    resume: int
+    earliest: int
 
     @property
     def rewind(self) -> bool:
         return self.stored is not None and self.new < self.stored
+
+    @property
+    def skipped(self) -> int:
+        """Records the move leaves unread: from where the pipeline would read next (or Kafka's
+        earliest, when retention already deleted those below) up to the new offset."""
+        return max(0, self.new - max(self.resume, self.earliest))
+
+    def describe(self) -> str:
+        return f"{self.topic}:{self.partition} {_show(self.stored)} -> {self.new}"
+
+
+def _show(offset: int | None) -> str:
+    return "-" if offset is None else str(offset)
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,33 @@ class Plan:
     @property
     def rewinds(self) -> list[Move]:
         return [m for m in self.moves if m.rewind]
+
+    @property
+    def skips(self) -> list[Move]:
+        return [m for m in self.moves if m.skipped]
+
+    def needs(self, args: argparse.Namespace) -> list[tuple[str, str]]:
+        """(flag, what it allows) for each lossy direction the plan takes without its flag."""
+        needed = []
+        if self.rewinds and not args.allow_rewind:
+            names = ", ".join(m.describe() for m in self.rewinds)
+            needed.append(
+                (
+                    "--allow-rewind",
+                    f"moves partitions backwards ({names}): their records would be read and "
+                    "written again",
+                )
+            )
+        if self.skips and not args.allow_skip:
+            names = ", ".join(f"{m.describe()}: {m.skipped} records" for m in self.skips)
+            needed.append(
+                (
+                    "--allow-skip",
+                    f"moves partitions forward past records not yet in the table ({names}): "
+                    "they would never be read",
+                )
+            )
+        return needed
 
 
 def parse_when(text: str, now_ms: int | None = None) -> int:
@@ -107,6 +159,29 @@ def parse_when(text: str, now_ms: int | None = None) -> int:
     return when
 
 
+_DURATION = re.compile(
+    r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?"
+    r"(?:T(?=\d)(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration(text: str) -> int:
+    """``--by-duration``: an ISO 8601 duration (``PT30M``, ``PT1H``, ``P1DT2H``, ``P2W``), as
+    kafka-consumer-groups takes it, in milliseconds. Months and years have no fixed length."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or not any(match.groupdict().values()):
+        raise CommandError(
+            f"--by-duration {text!r} is not an ISO 8601 duration such as PT30M, PT1H or P1DT2H "
+            "(weeks, days, hours, minutes, seconds; no months or years)"
+        )
+    parts = {k: float(v) if v else 0.0 for k, v in match.groupdict().items()}
+    seconds = (
+        parts["w"] * 604800 + parts["d"] * 86400 + parts["h"] * 3600 + parts["m"] * 60 + parts["s"]
+    )
+    return int(seconds * 1000)
+
+
 def parse_offsets_spec(text: str) -> Offsets:
     """``orders:0=15,orders:1=20`` -> ``{"orders": {0: 15, 1: 20}}``."""
     result: Offsets = {}
@@ -123,14 +198,55 @@ def parse_offsets_spec(text: str) -> Offsets:
     return result
 
 
-def _topics(config: PipelineConfig, args: argparse.Namespace, stored_topics: set[str]) -> list[str]:
+def read_offsets_file(path: str) -> Offsets:
+    """``--from-file``: ``TOPIC,PARTITION,OFFSET`` rows (what ``offsets show --csv`` prints and
+    kafka-consumer-groups --export writes); a ``topic,partition,offset`` header is allowed."""
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as exc:
+        raise CommandError(f"--from-file: cannot read {path}: {exc.strerror or exc}") from None
+    result: Offsets = {}
+    for number, row in enumerate(rows, start=1):
+        cells = [cell.strip() for cell in row]
+        header = number == 1 and [c.lower() for c in cells][1:] == ["partition", "offset"]
+        if header or not any(cells):
+            continue
+        if len(cells) != 3 or not (cells[0] and cells[1].isdigit() and cells[2].isdigit()):
+            raise CommandError(
+                f"--from-file {path}, line {number}: {','.join(row)!r} is not "
+                "TOPIC,PARTITION,OFFSET (e.g. orders,0,15)"
+            )
+        topic, partition = cells[0], int(cells[1])
+        if partition in result.get(topic, {}):
+            raise CommandError(f"--from-file {path} names {topic}:{partition} twice")
+        result.setdefault(topic, {})[partition] = int(cells[2])
+    if not result:
+        raise CommandError(f"--from-file {path} holds no TOPIC,PARTITION,OFFSET rows")
+    return result
+
+
+def _explicit(args: argparse.Namespace) -> tuple[str, Offsets] | None:
+    """(option, offsets) of a target that names each partition, else None."""
+    option = "--to-offsets" if args.to_offsets is not None else "--from-file"
+    if (args.to_offsets is not None or args.from_file is not None) and args.topic:
+        raise CommandError(f"--topic does not apply to {option}: it names each partition itself")
+    if args.to_offsets is not None:
+        return "--to-offsets", parse_offsets_spec(args.to_offsets)
+    if args.from_file is not None:
+        return "--from-file", read_offsets_file(args.from_file)
+    return None
+
+
+def _topics(
+    config: PipelineConfig,
+    args: argparse.Namespace,
+    stored_topics: set[str],
+    explicit: tuple[str, Offsets] | None,
+) -> list[str]:
     known = set(config.kafka.topics) | stored_topics
-    if args.to_offsets is not None and args.topic:
-        raise CommandError("--topic does not apply to --to-offsets: name each partition in it")
     wanted = (
-        sorted(parse_offsets_spec(args.to_offsets))
-        if args.to_offsets is not None
-        else args.topic or list(config.kafka.topics)
+        sorted(explicit[1]) if explicit is not None else args.topic or list(config.kafka.topics)
     )
     unknown = sorted(set(wanted) - known)
     if unknown:
@@ -139,6 +255,44 @@ def _topics(config: PipelineConfig, args: argparse.Namespace, stored_topics: set
             f"{', '.join(sorted(known))}"
         )
     return sorted(set(wanted))
+
+
+def _check_in_range(
+    target: Offsets,
+    partitions: dict[str, list[int]],
+    marks: Watermarks,
+    why: Callable[[str, int, int], str] = lambda t, p, offset: f"offset {offset} of {t}:{p}",
+) -> None:
+    """Explicit offsets must name partitions that exist and lie in ``[earliest, latest]``:
+    below, the records are gone; above, none exist yet (one sentence; nothing written)."""
+    for t, parts in target.items():
+        for p, offset in parts.items():
+            if p not in partitions[t]:
+                raise CommandError(
+                    f"partition {p} of topic {t} is out of range: it has partitions "
+                    f"{partitions[t][0]}..{partitions[t][-1]}"
+                )
+            lo, hi = marks.earliest[t][p], marks.latest[t][p]
+            if not lo <= offset <= hi:
+                raise CommandError(
+                    f"{why(t, p, offset)} is outside what Kafka holds, [{lo}, {hi}] "
+                    "(earliest, latest): --to-earliest or --to-latest move there"
+                )
+
+
+def _selected(stored: StoredOffsets, partitions: dict[str, list[int]], what: str) -> Offsets:
+    """The stored offsets of ``partitions``; a relative target needs one for each."""
+    found: Offsets = {}
+    for t, parts in partitions.items():
+        for p in parts:
+            offset = stored.offsets.get(t, {}).get(p)
+            if offset is None:
+                raise CommandError(
+                    f"{what}: {t}:{p} has no stored offset to start from (the pipeline has not "
+                    "read it yet): name it with --to-offsets, or leave it out with --topic"
+                )
+            found.setdefault(t, {})[p] = offset
+    return found
 
 
 def plan_reset(
@@ -150,7 +304,8 @@ def plan_reset(
         stored = commit.stored()
     else:  # log cleaned up: the offsets live on in txn actions (or the table has none)
         stored, _ = stored_offsets(table, config, kafka_partitions(admin, config.kafka.topics)[0])
-    topics = _topics(config, args, set(stored.offsets))
+    explicit = _explicit(args)
+    topics = _topics(config, args, set(stored.offsets), explicit)
     partitions, missing = kafka_partitions(admin, topics)
     if missing:
         raise CommandError(
@@ -161,29 +316,50 @@ def plan_reset(
         to, target = "earliest", marks.earliest
     elif args.to_latest:
         to, target = "latest", marks.latest
-    elif args.to_datetime is not None:
+    elif args.to_datetime is not None or args.by_duration is not None:
         from .kafka_time import offsets_for_time
 
-        when = parse_when(args.to_datetime)
-        to = f"datetime {format_ms(when)} ({when} ms)"
+        if args.to_datetime is not None:
+            when = parse_when(args.to_datetime)
+            to = f"datetime {format_ms(when)} ({when} ms)"
+        else:
+            when = int(time.time() * 1000) - parse_duration(args.by_duration)
+            to = f"duration {args.by_duration}: datetime {format_ms(when)} ({when} ms)"
         target = offsets_for_time(config, admin, partitions, marks, when)
+    elif args.to_current:
+        to, target = "current", _selected(stored, partitions, "--to-current")
+        _check_in_range(
+            target,
+            partitions,
+            marks,
+            lambda t, p, offset: f"the stored offset {offset} of {t}:{p}",
+        )
+    elif args.shift_by is not None:
+        n = args.shift_by
+        to = f"shift by {n:+d}"
+        current = _selected(stored, partitions, "--shift-by")
+        target = {t: {p: o + n for p, o in parts.items()} for t, parts in current.items()}
+        _check_in_range(
+            target,
+            partitions,
+            marks,
+            lambda t, p, offset: f"{t}:{p} shifted by {n:+d} to {offset}",
+        )
     else:
-        to, target = "offsets", parse_offsets_spec(args.to_offsets)
-        for t, parts in target.items():
-            for p, offset in parts.items():
-                if p not in partitions[t]:
-                    raise CommandError(
-                        f"partition {p} of topic {t} is out of range: it has partitions "
-                        f"{partitions[t][0]}..{partitions[t][-1]}"
-                    )
-                lo, hi = marks.earliest[t][p], marks.latest[t][p]
-                if not lo <= offset <= hi:
-                    raise CommandError(
-                        f"offset {offset} of {t}:{p} is outside what Kafka holds, "
-                        f"[{lo}, {hi}] (earliest, latest)"
-                    )
+        assert explicit is not None
+        to = "offsets" if explicit[0] == "--to-offsets" else f"file {args.from_file}"
+        target = explicit[1]
+        _check_in_range(target, partitions, marks)
+
+    def resume(t: str, p: int) -> int:
+        at = stored.offsets.get(t, {}).get(p)
+        if at is not None:
+            return at
+        start = marks.earliest if config.kafka.starting_offsets == "earliest" else marks.latest
+        return start[t][p]
+
     moves = [
-        Move(t, p, stored.offsets.get(t, {}).get(p), offset)
+        Move(t, p, stored.offsets.get(t, {}).get(p), offset, resume(t, p), marks.earliest[t][p])
         for t, parts in sorted(target.items())
         for p, offset in sorted(parts.items())
     ]
@@ -216,6 +392,7 @@ def commit_reset(
             "reason": reason,
             "from": offsets_to_json(_offsets((m.topic, m.partition, m.stored) for m in changed)),
             "rewind": [[m.topic, m.partition] for m in plan.rewinds],
+            "skip": [[m.topic, m.partition, m.skipped] for m in plan.skips],
         },
     ).on_top_of(plan.stored)
     properties = CommitProperties(
@@ -250,25 +427,24 @@ def _render(config: PipelineConfig, plan: Plan) -> str:
         change = (
             "0" if m.new == m.stored else "new" if m.stored is None else f"{m.new - m.stored:+d}"
         )
-        note = "rewind: read again" if m.rewind else "skipped" if m.new != m.stored else ""
+        note = (
+            "rewind: read again" if m.rewind else f"skips {m.skipped} unread" if m.skipped else ""
+        )
         rows.append([m.topic, m.partition, m.stored, m.new, change, note])
     lines += format_rows(["TOPIC", "PARTITION", "STORED", "NEW", "CHANGE", ""], rows)
     return "\n".join(lines)
 
 
-def _checkpoint_advice(config: PipelineConfig, version: int) -> str:
-    moved = f"{config.checkpoint}.before-reset-{version}"
-    if local_path(config.checkpoint) is not None:
-        if not CheckpointLog(None, config.checkpoint).has_plan():
-            return "the checkpoint holds no batches: the next run starts at the new offsets."
-        return (
-            f"before the next run, move the checkpoint aside: mv {config.checkpoint} {moved}\n"
-            "(the pipeline refuses to resume a checkpoint older than a reset; a new one starts "
-            "at the new offsets)"
-        )
+def _checkpoint_advice(config: PipelineConfig) -> str:
+    if (
+        local_path(config.checkpoint) is not None
+        and not CheckpointLog(None, config.checkpoint).has_plan()
+    ):
+        return "the checkpoint holds no batches: the next run starts at the new offsets."
     return (
-        f"before the next run, move the checkpoint {config.checkpoint} aside (to {moved}); the "
-        "pipeline refuses to resume a checkpoint older than a reset."
+        f"the next run sets checkpoint {config.checkpoint} aside (kept, renamed "
+        f"{config.checkpoint}.set-aside-<time>) if it planned batches before the reset, and "
+        "starts at the new offsets."
     )
 
 
@@ -293,32 +469,39 @@ def _refuse_if_running(config: PipelineConfig, args: argparse.Namespace) -> str 
 
 
 def run_reset(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """Preview (the default, and ``--dry-run``): print the plan, write nothing, exit 0.
+    ``--execute``: commit it, refusing (exit 2, nothing written) a running pipeline or a lossy
+    direction without its flag."""
     table = open_existing(config.delta.table, config)
     running = _refuse_if_running(config, args)
-    if running is not None and not args.dry_run:
+    if running is not None and args.execute:
         raise CommandError(f"{running} Nothing was written.")
     plan = plan_reset(config, args, table, admin_for(config))
-    if plan.rewinds and not args.allow_rewind:
-        names = ", ".join(f"{m.topic}:{m.partition} {m.stored} -> {m.new}" for m in plan.rewinds)
+    needs = plan.needs(args)
+    if args.execute and needs:
+        flags = " ".join(flag for flag, _ in needs)
         raise CommandError(
-            f"the reset moves partitions backwards ({names}): their records would be read and "
-            "written again. Nothing was written. Pass --allow-rewind to do it anyway; the "
-            "checkpoint must then be moved aside (the command says how)."
+            f"the reset {' and '.join(why for _, why in needs)}. Nothing was written. Pass "
+            f"{flags} to do it anyway."
         )
     print(_render(config, plan))
-    if args.dry_run:
+    if not args.execute:
         if running is not None:
             print(f"note: {running}")
-        print("dry run: nothing written")
+        for flag, why in needs:
+            print(f"needs {flag}: the reset {why}")
+        flags = " ".join(["--execute", *(flag for flag, _ in needs)])
+        print(f"preview: nothing written; to do it, run the same command with {flags}")
         return 0
-    if plan.changes:
+    # --to-current commits even when nothing moves: an audited record that the offsets were
+    # checked and kept (and the group re-aligned with them).
+    if plan.changes or plan.to == "current":
         commit = commit_reset(table, config, plan, args.reason)
         version = table.version()  # write_deltalake moved the handle to the new version
         print(f"committed as Delta version {version} (commit {commit.seq} of the pipeline)")
         offsets = commit.end_offsets
     else:
         print("the table already stores these offsets: nothing committed")
-        version = plan.stored.delta_version or 0
         offsets = plan.stored.offsets
     committer = OffsetCommitter(
         config.kafka.client_config(),
@@ -336,5 +519,5 @@ def run_reset(config: PipelineConfig, args: argparse.Namespace) -> int:
         return 1
     print(f"consumer group {config.kafka.consumer_group} now at the same offsets")
     if plan.changes:
-        print(_checkpoint_advice(config, version))
+        print(_checkpoint_advice(config))
     return 0
