@@ -62,7 +62,8 @@ def test_run_local_with_a_jar_folder_writes_through_the_delta_spark_sink(
         pytest.skip(connectors_missing_reason(["delta-spark"]))
     (topic,) = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, [topic], RECORDS)
-    config = _config(tmp_path, kafka_bootstrap, topic, {"source": "embedded", "sink": "delta_spark"})
+    mix = {"source": "embedded", "sink": "delta_spark"}
+    config = _config(tmp_path, kafka_bootstrap, topic, mix)
     if WITH_CONNECTORS and not JARS_DIR:
         extensions = (
             " --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension"
