@@ -163,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = build_config(args)
         if args.command == "show":
+            if args.csv:
+                print(show_csv(config), end="")
+                return 0
             document = show(config)
             print(json.dumps(document, indent=2) if args.json else render_show(document))
             return 0
         if args.command == "reset":
             from .reset import run_reset
 
-            if args.csv:
-                print(show_csv(config), end="")
-                return 0
             return run_reset(config, args)
         from .verify import run_verify
 
@@ -257,12 +257,6 @@ def show(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-_COLUMNS = [
-    ("TOPIC", "topic"),
-    ("PARTITION", "partition"),
-    ("STORED", "stored_offset"),
-    ("VERSION", "delta_version"),
-    ("BATCH", "batch_id"),
 def show_csv(config: PipelineConfig) -> str:
     """The stored offsets as ``TOPIC,PARTITION,OFFSET`` lines, no header: the file
     ``kafka-consumer-groups --reset-offsets --export`` writes and ``--from-file`` reads. Only
@@ -277,6 +271,12 @@ def show_csv(config: PipelineConfig) -> str:
     )
 
 
+_COLUMNS = [
+    ("TOPIC", "topic"),
+    ("PARTITION", "partition"),
+    ("STORED", "stored_offset"),
+    ("VERSION", "delta_version"),
+    ("BATCH", "batch_id"),
     ("APP_ID", "app_id"),
     ("COMMITTED_AT", "committed_at"),
     ("GROUP", "group_offset"),
