@@ -9,13 +9,15 @@ offsets whose rows the restore removed: the pipeline would resume after them, an
 The rule: walking the history newest first, a RESTORE to V hides every entry whose version lies
 above V (and below the restore). Restores can nest (a restore to a version that itself was
 restored over), which the walk handles by lowering its ceiling as it goes. Both engines write
-``operationParameters`` with ``version`` (a string); delta-spark, given a timestamp, writes only
-``timestamp``, resolved here to the newest version committed at or before it.
+``operationParameters`` with ``version`` (a string). Restored by time, delta-spark writes only
+``timestamp`` and delta-rs only ``datetime``. Such a restore is refused rather than resolved
+here: the engines pick the version by the commit files' times (or in-commit timestamps), which
+the ``timestamp`` of ``commitInfo`` need not equal, and a guess one version too new would resume
+after rows the restore removed.
 """
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping
 
 
@@ -23,8 +25,9 @@ class RestoreUnreadableError(ValueError):
     """A RESTORE commit does not say which version it restored to."""
 
 
-def restored_to(entry: Mapping[str, object], history: list[Mapping[str, object]]) -> int | None:
-    """The version a RESTORE entry restored the table to; None when ``entry`` is no RESTORE."""
+def restored_to(entry: Mapping[str, object]) -> int | None:
+    """The version a RESTORE entry restored the table to; None when ``entry`` is no RESTORE.
+    Raises :class:`RestoreUnreadableError` for a RESTORE that names no version."""
     if str(entry.get("operation", "")).upper() != "RESTORE":
         return None
     params = entry.get("operationParameters")
@@ -35,29 +38,16 @@ def restored_to(entry: Mapping[str, object], history: list[Mapping[str, object]]
             return int(str(version))
         except ValueError:
             pass
-    stamp = params.get("timestamp")
-    if stamp not in (None, "", "null"):
-        try:
-            moment = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-        except ValueError:
-            moment = None
-        if moment is not None:
-            if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=datetime.timezone.utc)
-            at_ms = int(moment.timestamp() * 1000)
-            before = [
-                int(e["version"])  # type: ignore[call-overload]
-                for e in history
-                if isinstance(e.get("timestamp"), int)
-                and int(e["timestamp"]) <= at_ms  # type: ignore[call-overload]
-                and int(e["version"]) < int(entry["version"])  # type: ignore[call-overload]
-            ]
-            if before:
-                return max(before)
+    # delta-spark writes "timestamp", delta-rs "datetime" (epoch ms) for a restore by time.
+    stamp = next(
+        (params[k] for k in ("timestamp", "datetime") if params.get(k) not in (None, "", "null")),
+        None,
+    )
+    given = f"only the time {stamp}" if stamp is not None else "no version"
     raise RestoreUnreadableError(
-        f"Delta version {entry.get('version')} is a RESTORE that names neither a version nor a "
-        f"readable timestamp ({dict(params)}): the pipeline cannot tell which of its commits "
-        "the restore undid. Set the offsets explicitly with `offsets reset`."
+        f"Delta version {entry.get('version')} is a RESTORE that names {given}: the pipeline "
+        "cannot tell which of its commits the restore undid. Restore by version (RESTORE TABLE "
+        "... TO VERSION AS OF V), or set the offsets explicitly with `offsets reset`."
     )
 
 
@@ -80,7 +70,7 @@ def live_history(history: Iterable[Mapping[str, object]]) -> list[Mapping[str, o
         version = int(entry["version"])  # type: ignore[call-overload]
         if ceiling is not None and version > ceiling:
             continue
-        target = restored_to(entry, entries)
+        target = restored_to(entry)
         if target is not None:
             ceiling = target if ceiling is None else min(ceiling, target)
             continue
@@ -98,7 +88,7 @@ def restores_in(history: Iterable[Mapping[str, object]]) -> list[tuple[int, int]
         version = int(entry["version"])  # type: ignore[call-overload]
         if ceiling is not None and version > ceiling:
             continue
-        target = restored_to(entry, entries)
+        target = restored_to(entry)
         if target is not None:
             found.append((version, target))
             ceiling = target if ceiling is None else min(ceiling, target)

@@ -150,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--ids", metavar="COLUMN", help="also check that COLUMN's values are distinct"
     )
+    verify.add_argument(
+        "--against-kafka",
+        action="store_true",
+        help="also read the committed ranges back from Kafka and prove each record is in the "
+        "table or the dead-letter table exactly once",
+    )
     return parser
 
 
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_reset(config, args)
         from .verify import run_verify
 
-        return run_verify(config, ids=args.ids)
+        return run_verify(config, ids=args.ids, against_kafka=args.against_kafka)
     except (ConfigError, CommandError, KafkaUnavailableError, OffsetsExpiredError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
