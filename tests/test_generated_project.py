@@ -17,8 +17,8 @@ from pathlib import Path
 from cookiecutter.main import cookiecutter
 
 REPO = Path(__file__).resolve().parents[1]
-# The generated suite skips a test only for connector jars its Spark session lacks (DESIGN.md
-# section 6: this machine cannot download the cluster engine's Maven jars), and always with
+# The generated suite skips a test only for connector jars its Spark session lacks (the
+# generated docs/design.md section 6: no Maven on the build machines), and always with
 # connectors_missing_reason(): "<connector>[ and <connector>] jars not on the classpath", naming
 # exactly the missing ones among the connectors the test needs.
 DELTA, KAFKA = "delta-spark", "spark-sql-kafka"

@@ -1,4 +1,4 @@
-"""The engine contract, proven on every engine (DESIGN.md sections 4 and 5).
+"""The engine contract, proven on every engine (docs/design.md sections 4 and 5).
 
 Parametrized over the sinks (delta-rs, delta-spark) and over whole engines, presets and mixes:
 embedded (confluent-kafka source + delta-rs), cluster (Spark's kafka source + delta-spark),

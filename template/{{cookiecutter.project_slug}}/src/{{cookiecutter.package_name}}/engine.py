@@ -1,6 +1,6 @@
 """The engine interface: a source, a sink and an offset store, chosen in config.
 
-Two implementations sit behind it (DESIGN.md section 5), and any mix of them works:
+Two implementations sit behind it (docs/design.md section 5), and any mix of them works:
 
 ============  =========================================  ========================================
 part          embedded (no JVM connector jars)            cluster (Databricks, or --packages)

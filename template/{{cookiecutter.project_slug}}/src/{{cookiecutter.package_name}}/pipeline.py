@@ -1,6 +1,6 @@
 """Wires source -> transform -> exactly-once sink -> commit-back hook, one micro-batch at a time.
 
-One micro-batch (DESIGN.md section 3):
+One micro-batch (docs/design.md section 3):
 
 1. The source planned ``[start, end)`` per partition; Spark wrote ``end`` to the checkpoint's
    offset log before running the batch. The batch's end offsets are read from there, never
