@@ -116,11 +116,14 @@ def test_a_run_records_hostname_boot_id_and_pid_namespace_and_is_active_from_thi
     with RunLease.hold(cfg):
         (lease,) = read_leases(cfg.delta.table, cfg.pipeline_id)
         assert lease.host == socket.gethostname()
-        assert lease.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        assert lease.pid_namespace == os.readlink("/proc/self/ns/pid")
+        if Path("/proc/self/ns/pid").exists():  # Linux; elsewhere both are None
+            assert lease.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            assert lease.pid_namespace == os.readlink("/proc/self/ns/pid")
+        else:
+            assert (lease.boot_id, lease.pid_namespace) == (None, None)
         assert lease.path is not None and Path(lease.path).is_file()
         assert "path" not in json.loads(Path(lease.path).read_text())
-        assert HostIdentity.here().wrote(lease) and is_active(lease)
+        assert is_active(lease)  # its pid where it can be checked, else its fresh heartbeat
     # A lease file of an older version (no ids) still reads; its heartbeat decides.
     old = tmp_path / "old.json"
     record = {k: v for k, v in json.loads(lease.to_json()).items() if k in _OLD_FIELDS}
