@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
-from {{ cookiecutter.package_name }}.cluster.offset_store import history_reader
+from {{ cookiecutter.package_name }}.cluster.offset_store import DeltaSparkLog
 from {{ cookiecutter.package_name }}.cluster.sink import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
@@ -201,7 +201,11 @@ class _History:
     def history(self, limit: int | None = None):
         self.limits.append(limit)
         rows = self.rows if limit is None else self.rows[:limit]
-        return self.spark.createDataFrame(rows, "version long, userMetadata string")
+        return self.spark.createDataFrame(
+            [(v, None, "WRITE", {}, m) for v, m in rows],
+            "version long, timestamp timestamp, operation string, "
+            "operationParameters map<string,string>, userMetadata string",
+        )
 
 
 def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
@@ -210,11 +214,12 @@ def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
     rows = [(100 - i, other if i % 2 else None) for i in range(30)] + [(70, ours)]
     table = _History(spark, rows)
 
-    stored = newest_stored_paged(history_reader(table), "orders")
+    stored = newest_stored_paged(DeltaSparkLog(table, "unused", None).history, "orders")
 
     assert stored == StoredOffsets({"orders": {0: 9}}, 70, "orders.q", 3)
     assert table.limits == [20, 500]
-    assert newest_stored_paged(history_reader(_History(spark, rows[:5])), "orders") is None
+    few = DeltaSparkLog(_History(spark, rows[:5]), "unused", None)
+    assert newest_stored_paged(few.history, "orders") is None
 
 
 def test_checkpoint_is_read_through_spark_when_it_is_not_a_local_path(

@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame, SparkSession
 from ..dead_letters import split_dead_letters_df
 from ..engine import Materialized, Rows, SinkResult, WriteMode
 from ..faults import crash_point
-from ..fencing import FencingError, check_contiguous
+from ..fencing import RESTART, FencingError, check_contiguous
 from ..offsets import BatchCommit, Offsets, StoredOffsets, fence_app_id, partitions_of
 from .commit_copies import CommitCopies
 from .offset_store import delta_table, newest_stored_in
@@ -216,6 +216,5 @@ class DeltaSparkSink:
             f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} lost to a concurrent "
             f"run: the table's newest commit of the pipeline is "
             f"{after.describe() if after is not None else 'missing'}, not this batch (commit "
-            f"{commit.seq} of {commit.app_id}). Nothing of this batch was written; this run "
-            "stops so nothing is duplicated."
+            f"{commit.seq} of {commit.app_id}). {RESTART}"
         )
