@@ -82,7 +82,9 @@ def _commit(
         cfg.delta.table,
         _rows(topic, list(range(start, end))) if rows is None else rows,
         mode="append",
-        commit_properties=CommitProperties(custom_metadata={"userMetadata": record.user_metadata()}),
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": record.user_metadata()}
+        ),
     )
 
 
@@ -260,9 +262,8 @@ def test_a_record_written_twice_fails_duplicates_in_one_table_or_across_both(
         f"verify: FAILED: duplicates: {topic}:0: 2 offset(s) twice in the table (11, 12): those "
         "records are written more than once"
     )
-    _delete(cfg.delta.table, [11, 12])
-    _commit_rows = _rows(topic, [11, 12])
-    write_deltalake(cfg.delta.table, _commit_rows, mode="append")  # back to once
+    _delete(cfg.delta.table, [11, 12])  # both copies go ...
+    write_deltalake(cfg.delta.table, _rows(topic, [11, 12]), mode="append")  # ... one comes back
     _dead_letter(cfg, topic, 5)  # a dead letter sent twice
     _dead_letter(cfg, topic, 7)  # a record both written and dead-lettered
     status, out = _verify(cfg, tmp_path, capsys)
@@ -325,9 +326,7 @@ def test_a_row_where_kafka_holds_no_record_fails_against_kafka(
     write_deltalake(cfg.delta.table, _rows(topic, [3]), mode="append")  # a row at the marker
     status, out = _verify(cfg, tmp_path, capsys, "--against-kafka")
     assert status == 1
-    assert (
-        f"FAIL  kafka: {topic}:0: 1 row(s) at offsets where Kafka holds no record (3)" in out
-    )
+    assert f"FAIL  kafka: {topic}:0: 1 row(s) at offsets where Kafka holds no record (3)" in out
 
 
 # -- 2. dead letters dropped from both tables -------------------------------------------------
@@ -403,3 +402,55 @@ def test_a_recreated_topic_read_from_the_old_offset_fails_against_kafka(
         f"{_read(kafka_bootstrap, topic, 1)[0][1]} in Kafka): the topic was deleted and "
         "recreated and read from the old offset"
     )
+
+
+def test_records_kafka_no_longer_holds_are_not_checkable_rather_than_failures(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 20)
+    cfg = make_config([topic])
+    # [0, 20) committed, offsets 15-19 without rows (read past by a skip-ahead, say).
+    _commit(cfg, topic, 0, 1, 0, 20, _rows(topic, list(range(15))))
+    # The topic now holds only 12 records: positions 12-19 are not in Kafka any more.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_topics([topic]).values():
+        future.result()
+    ensure_topics(kafka_bootstrap, [topic], 1)
+    produce_events(kafka_bootstrap, [topic], 12, first_id=1000)
+    _push_group(cfg, {topic: {0: 20}})
+    status, out = _verify(cfg, tmp_path, capsys, "--against-kafka")
+    assert "ok    kafka: 12 records read back from the committed ranges" in out, out
+    assert (
+        "note  kafka: 8 committed position(s) are no longer in Kafka (below its earliest offset, "
+        "or past the end of a truncated or recreated topic): not checkable; 5 of them hold no "
+        "row in either table"
+    ) in out
+    assert "FAIL  kafka" not in out and status == 0, out
+
+
+def test_a_range_wholly_past_the_end_of_a_recreated_topic_is_not_checkable(
+    kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 20)
+    cfg = make_config([topic], starting_offsets="latest")
+    # The pipeline's first batch records no start; it read [15, 20) (it started at "latest").
+    record = BatchCommit(cfg.pipeline_id, f"{cfg.pipeline_id}.q", 0, {topic: {0: 20}}, seq=1)
+    write_deltalake(
+        cfg.delta.table,
+        _rows(topic, list(range(15, 20))),
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": record.starting_at({}).user_metadata()}
+        ),
+    )
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_topics([topic]).values():
+        future.result()
+    ensure_topics(kafka_bootstrap, [topic], 1)
+    produce_events(kafka_bootstrap, [topic], 12, first_id=1000)  # ends before offset 15
+    _push_group(cfg, {topic: {0: 20}})
+    status, out = _verify(cfg, tmp_path, capsys, "--against-kafka")
+    assert status == 0, out
+    assert "ok    kafka: 0 records read back" in out
+    assert "note  kafka: 5 committed position(s) are no longer in Kafka" in out

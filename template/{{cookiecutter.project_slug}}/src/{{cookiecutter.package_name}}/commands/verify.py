@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from ..config import PipelineConfig
-from ..kafka_admin import KafkaUnavailableError
+from ..kafka_admin import KafkaUnavailableError, Watermarks
 from ..offsets import Offsets, describe_reset, parse_user_metadata
 from ..table_history import RestoreUnreadableError, live_history, restores_in
 from .table_log import (
@@ -208,12 +208,13 @@ class Effect:
         lines = []
         for version, to in self.restores:
             gone = [c for c in self.undone if to < c.version < version]
-            what = (
-                ", ".join(f"batch {c.record.batch_id} of {c.record.app_id}" for c in gone[:5])
-                + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
-                if gone
-                else "no commit of the pipeline"
-            )
+            if not gone:
+                lines.append(
+                    f"RESTORE at version {version} to version {to} undid no commit of the pipeline"
+                )
+                continue
+            what = ", ".join(f"batch {c.record.batch_id} of {c.record.app_id}" for c in gone[:5])
+            what += f" and {len(gone) - 5} more" if len(gone) > 5 else ""
             lines.append(
                 f"RESTORE at version {version} to version {to} undid {what}: those rows are "
                 "gone and their offsets no longer count as committed"
@@ -228,18 +229,14 @@ def in_effect(history: Iterable[Mapping[str, object]], pipeline_id: str) -> Effe
     live = live_history(entries)
     live_versions = {int(e["version"]) for e in live}  # type: ignore[call-overload]
     commits = commits_in(live, pipeline_id)
-    undone = [
-        c
-        for c in commits_in(
-            (
-                e
-                for e in entries
-                if int(e["version"]) not in live_versions  # type: ignore[call-overload]
-                and str(e.get("operation", "")).upper() != "RESTORE"
-            ),
-            pipeline_id,
-        )
-    ]
+    undone = commits_in(
+        (
+            e
+            for e in entries
+            if int(e["version"]) not in live_versions  # type: ignore[call-overload]
+        ),
+        pipeline_id,
+    )
     return Effect(commits, undone, restores_in(entries))
 
 
@@ -500,15 +497,20 @@ class KafkaRead:
     stamps: dict[TP, pa.Array] = field(default_factory=dict)
     # Windows actually read (the committed ranges within what Kafka retains).
     windows: dict[TP, list[tuple[int, int]]] = field(default_factory=dict)
-    not_retained: int = 0
+    # Committed positions Kafka no longer holds, per partition: not checkable.
+    gone: dict[TP, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def not_retained(self) -> int:
+        return sum(hi - lo for spans in self.gone.values() for lo, hi in spans)
 
 
 def read_kafka(
-    config: PipelineConfig, spans: Mapping[TP, list[tuple[int, int]]], earliest: Offsets
+    config: PipelineConfig, spans: Mapping[TP, list[tuple[int, int]]], marks: Watermarks
 ) -> KafkaRead:
     """Read ``spans`` back from Kafka with one consumer (assign and seek, no group commit).
-    Positions below Kafka's earliest, or past its end (a truncated or recreated topic), are
-    counted as not retained."""
+    Positions below Kafka's earliest, or at or past its latest (a truncated or recreated
+    topic; under read_committed, an open transaction), are counted as not retained."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from ..kafka_clients import consumer_settings
@@ -529,14 +531,17 @@ def read_kafka(
             stamps: list[int] = []
             windows = []
             for lo, hi in ranges:
-                first = max(lo, earliest.get(t, {}).get(p, lo))
-                out.not_retained += min(first, hi) - lo
-                if first >= hi:
-                    continue
-                end = _read_range(
-                    consumer, TopicPartition, KafkaError, (t, p), first, hi, offsets, stamps
-                )
-                out.not_retained += hi - end
+                first = max(lo, marks.earliest.get(t, {}).get(p, lo))
+                last = min(hi, max(first, marks.latest.get(t, {}).get(p, hi)))
+                if first > lo:
+                    out.gone[(t, p)].append((lo, min(first, hi)))
+                end = first
+                if first < last:
+                    end = _read_range(
+                        consumer, TopicPartition, KafkaError, (t, p), first, last, offsets, stamps
+                    )
+                if end < hi and first < hi:
+                    out.gone[(t, p)].append((end, hi))
                 if end > first:
                     windows.append((first, end))
             out.offsets[(t, p)] = pa.array(offsets, pa.int64())
@@ -579,7 +584,16 @@ def _read_range(
                 error = message.error()
                 if error is not None:
                     if error.code() == kafka_error._PARTITION_EOF:
-                        return min(hi, max(lo, message.offset()))
+                        if message.offset() < lo:
+                            continue  # an end reached before this read was assigned
+                        return min(hi, message.offset())
+                    if error.code() in (
+                        kafka_error._AUTO_OFFSET_RESET,
+                        kafka_error.OFFSET_OUT_OF_RANGE,
+                    ):
+                        # lo is past the end of a truncated or recreated topic (or fell below
+                        # its earliest since it was listed): nothing of the range is left.
+                        return lo
                     raise KafkaUnavailableError(
                         f"cannot read {t}:{p} from offset {lo}: {error.str()}"
                     )
@@ -643,10 +657,20 @@ def check_against_kafka(
                 )
     notes = []
     if read.not_retained:
+        # Of those, positions without a row: records skipped by kafka.fail_on_data_loss: false
+        # or expired unread (or Kafka's own gaps); only their count can be told.
+        rowless = 0
+        for tp, spans in read.gone.items():
+            held = [x.offsets[tp] for x in (main, dead) if x is not None and tp in x.offsets]
+            rows = pa.chunked_array(held, pa.int64()).combine_chunks() if held else None
+            inside = rows.filter(_inside(rows, spans)) if rows is not None else None
+            found = pc.count_distinct(inside).as_py() if inside is not None and len(inside) else 0
+            rowless += sum(hi - lo for lo, hi in spans) - found
         notes.append(
             f"kafka: {read.not_retained} committed position(s) are no longer in Kafka (below "
             "its earliest offset, or past the end of a truncated or recreated topic): not "
-            "checkable"
+            f"checkable; {rowless} of them hold no row in either table (records skipped by "
+            "kafka.fail_on_data_loss: false or expired unread, or Kafka's own gaps)"
         )
     if mode != "append":
         notes.append(
@@ -782,7 +806,7 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
             skips.append(f"kafka: {why}: records cannot be matched to rows")
         else:
             wanted = {tp: spans for tp, spans in judged.items() if tp[1] in on_kafka.get(tp[0], [])}
-            read = read_kafka(config, wanted, marks.earliest)
+            read = read_kafka(config, wanted, marks)
             problems, summary, more = check_against_kafka(read, main, dead, mode)
             checks.append(("kafka", problems, summary))
             notes += more
