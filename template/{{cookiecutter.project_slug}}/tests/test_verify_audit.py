@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from conftest import skip_without_connectors
 from {{ cookiecutter.package_name }}.commit_back import OffsetCommitter
 from {{ cookiecutter.package_name }}.config import PipelineConfig
 from {{ cookiecutter.package_name }}.devtools.produce import (
@@ -333,10 +334,14 @@ def test_a_row_where_kafka_holds_no_record_fails_against_kafka(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])
 def test_a_real_run_passes_the_audit_and_a_dead_letter_missing_from_both_tables_fails_it(
-    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys, sink
 ) -> None:
     from {{ cookiecutter.package_name }}.pipeline import Pipeline
+
+    engine = {"source": "embedded", "sink": sink}
+    skip_without_connectors(spark, engine)
 
     (topic,) = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, [topic], 60)
@@ -345,7 +350,7 @@ def test_a_real_run_passes_the_audit_and_a_dead_letter_missing_from_both_tables_
     produce_values(
         kafka_bootstrap, topic, [(0, b'{"id": 900}'), (1, b'{"id": 901}')], transactional_id=topic
     )
-    cfg = make_config([topic], max_records_per_trigger=25)
+    cfg = make_config([topic], engine=engine, max_records_per_trigger=25)
     Pipeline(spark, cfg).run()
 
     status, out = _verify(cfg, tmp_path, capsys, "--against-kafka", "--ids", "id")

@@ -314,7 +314,7 @@ def read_positions(table: DeltaTable, stamp_column: str) -> tuple[Positions | No
 
 def _inside(offsets: pa.Array, spans: list[tuple[int, int]]) -> pa.Array:
     """Mask of the offsets that lie in one of ``spans`` ([lo, hi))."""
-    mask = pa.array([False] * len(offsets), pa.bool_())
+    mask = pa.repeat(False, len(offsets))
     for lo, hi in spans:
         mask = pc.or_(mask, pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi)))
     return mask
@@ -339,9 +339,9 @@ class Audit:
         """Mask of the offsets the audit can judge (at or above the floor)."""
         floor = self.floor(tp)
         if self.cleaned and floor is None:
-            return pa.array([False] * len(offsets), pa.bool_())
+            return pa.repeat(False, len(offsets))
         if floor is None or floor < 0:
-            return pa.array([True] * len(offsets), pa.bool_())
+            return pa.repeat(True, len(offsets))
         return pc.greater_equal(offsets, floor)
 
 
