@@ -72,7 +72,15 @@ def test_a_restore_to_a_version_a_later_restore_undid_brings_that_version_back()
 
 
 def test_a_restore_by_time_only_is_refused_naming_its_version() -> None:
-    history = [_restore(3, timestamp="2026-01-01 00:00:00"), _write(2), _write(1), _write(0)]
+    # Even where commitInfo timestamps seem to tell the version (1), they are not what the
+    # engine resolved the time by (commit file times): a guess one too new loses rows.
+    stamp = int(datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc).timestamp() * 1000)
+    history = [
+        _restore(3, timestamp="2026-01-01 00:00:00"),
+        {**_write(2), "timestamp": stamp + 500},
+        {**_write(1), "timestamp": stamp - 500},
+        {**_write(0), "timestamp": stamp - 900},
+    ]
     with pytest.raises(RestoreUnreadableError, match=r"Delta version 3 is a RESTORE") as caught:
         live_history(history)
     assert isinstance(caught.value, ValueError)
