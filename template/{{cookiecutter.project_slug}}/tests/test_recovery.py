@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetS
 from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin
 from {{ cookiecutter.package_name }}.offsets import BatchCommit, parse_user_metadata
 from {{ cookiecutter.package_name }}.pipeline import Pipeline
+from {{ cookiecutter.package_name }}.topic_identity import TopicRecreatedError
 from {{ cookiecutter.package_name }}.transform import DEAD_LETTER_COLUMN
 from {{ cookiecutter.package_name }}.transform import transform as default_transform
 from support import assert_exactly_once, assert_offsets_agree
@@ -256,3 +257,42 @@ def test_a_run_fenced_mid_batch_exits_3_in_one_sentence_and_both_checkpoints_res
     Pipeline(spark, other).run()
     assert_exactly_once(other, 3300)
     assert_offsets_agree(other)
+
+
+def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, empty, under the same name (a new topic id)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    from {{ cookiecutter.package_name }}.devtools.produce import ensure_topics
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ensure_topics(bootstrap, [topic], partitions)
+
+
+def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config_says(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 10)
+    cfg = make_config([topic])
+    Pipeline(spark, cfg).run()
+    # The new topic holds more records than the old one's stored offset: Kafka's own check
+    # (an offset past the end) cannot see that its first 10 records would be skipped.
+    _recreate(kafka_bootstrap, topic, 1)
+    produce_events(kafka_bootstrap, [topic], 30, first_id=10)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(TopicRecreatedError, match="deleted and created again"):
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version
+
+    allowed = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    Pipeline(spark, allowed).run()
+    assert_exactly_once(allowed, 40)
+    assert_offsets_agree(allowed)

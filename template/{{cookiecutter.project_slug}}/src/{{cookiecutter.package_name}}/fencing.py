@@ -80,7 +80,7 @@ def check_contiguous(
             (t, p, o, start[t][p])
             for t, parts in stored.offsets.items()
             for p, o in parts.items()
-            if p in start.get(t, {}) and start[t][p] != o
+            if p in start.get(t, {}) and start[t][p] != o and (t, p) not in commit.rewound
         ]
         if not moved and (any(start.values()) or not any(stored.offsets.values())):
             return

@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaException,
+    TopicCollection,
+)
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -108,6 +113,26 @@ class KafkaAdmin:
         """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
         -1 where no record is that recent."""
         return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """Kafka's topic id of each topic that exists (a topic deleted and created again under
+        the same name gets a new one); topics the broker cannot describe are left out."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout)
+        ids: dict[str, str] = {}
+        try:
+            for name, future in futures.items():
+                try:
+                    topic_id = future.result().topic_id
+                except KafkaException:
+                    continue  # absent topics are reported by the partition listing
+                if topic_id is not None and str(topic_id) != "AAAAAAAAAAAAAAAAAAAAAA":
+                    ids[name] = str(topic_id)
+        finally:
+            self._serve_logs()
+        return ids
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
         """The group's committed offsets for these partitions (absent when never committed)."""

@@ -330,6 +330,7 @@ _EXPECTED = {
     "CheckpointMismatchError": EXIT_REFUSED,
     "OffsetsExpiredError": EXIT_REFUSED,
     "DeadLetterError": EXIT_REFUSED,
+    "TopicRecreatedError": EXIT_REFUSED,
 }
 
 

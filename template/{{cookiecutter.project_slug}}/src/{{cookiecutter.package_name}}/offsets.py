@@ -152,6 +152,10 @@ class BatchCommit:
     # Set on the commit an operator's `offsets reset` makes (no data): who, when, why, and
     # what it moved; see commands/reset.py. A checkpoint older than it must not resume.
     reset: Mapping[str, object] | None = None
+    # Kafka's topic id of each topic the offsets name, as of this batch: a topic deleted and
+    # created again under the same name has a new id, and the stored offsets of the old one
+    # must not be applied to it (commits written before ids were recorded hold none).
+    topic_ids: Mapping[str, str] | None = None
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -170,6 +174,11 @@ class BatchCommit:
                         else {}
                     ),
                     **({"reset": dict(self.reset)} if self.reset is not None else {}),
+                    **(
+                        {"topic_ids": dict(sorted(self.topic_ids.items()))}
+                        if self.topic_ids
+                        else {}
+                    ),
                 }
             },
             separators=(",", ":"),
@@ -191,7 +200,8 @@ class BatchCommit:
         offsets = {topic: dict(parts) for topic, parts in stored.offsets.items()}
         for topic, parts in self.end_offsets.items():
             offsets.setdefault(topic, {}).update(parts)
-        return replace(self, end_offsets=offsets, seq=stored.seq + 1)
+        ids = {**(stored.topic_ids or {}), **(self.topic_ids or {})}
+        return replace(self, end_offsets=offsets, seq=stored.seq + 1, topic_ids=ids or None)
 
     def transactions(self) -> list[tuple[str, int]]:
         """Every ``(appId, version)`` txn action of this commit on a sink that can write
@@ -236,6 +246,8 @@ class StoredOffsets:
     # Delta version, "to": the version restored to, "at_ms": when}. The offsets are then those
     # in effect at "to", and ``seq`` is past every fence seq the undone commits used.
     restore: Mapping[str, int] | None = None
+    # Kafka's topic ids the commit recorded (None: not recorded, or read from txn actions).
+    topic_ids: Mapping[str, str] | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         if self.restore is not None and self.delta_version is None and not self.offsets:
@@ -285,6 +297,11 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         rewound=tuple((str(t), int(p)) for t, p in body.get("rewound", [])),
         start_offsets=offsets_from_json(body["start"]) if "start" in body else None,
         reset=body["reset"] if isinstance(body.get("reset"), dict) else None,
+        topic_ids=(
+            {str(t): str(i) for t, i in body["topic_ids"].items()}
+            if isinstance(body.get("topic_ids"), dict)
+            else None
+        ),
     )
 
 
@@ -317,6 +334,7 @@ def newest_stored(
                 seq=record.seq,
                 user_metadata=str(commit.get("userMetadata")),
                 reset=record.reset,
+                topic_ids=record.topic_ids,
             )
     return None
 

@@ -36,6 +36,7 @@ from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from .progress import BatchProgress, ProgressListener
 from .recovery import judge, set_aside
 from .run_lease import RunLease
+from .topic_identity import TopicRecreatedError, forget_recreated, recreated_topics
 from .transform import transform as default_transform
 from .upsert import latest_per_key
 
@@ -131,6 +132,10 @@ class Pipeline:
         self._query: StreamingQuery | None = None
         # Where this run moved a checkpoint the table had left behind (None: kept).
         self.set_aside_as: str | None = None
+        # Kafka's ids of the topics, as this run found them; the stored offsets of topics
+        # deleted and created again since (read from their start when allowed).
+        self._topic_ids: dict[str, str] = {}
+        self._recreated: set[str] = set()
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -156,6 +161,26 @@ class Pipeline:
                 "table, or delete the checkpoint to re-read from "
                 f"{self.config.kafka.starting_offsets} offsets."
             )
+        self._topic_ids = self.admin.topic_ids(self.config.kafka.topics)
+        recreated = recreated_topics(stored, self._topic_ids)
+        if stored is not None and recreated:
+            # Raises unless kafka.fail_on_data_loss is off; then the new topics start over.
+            if self.config.kafka.fail_on_data_loss:
+                forget_recreated(stored, recreated, True, {})  # raises: one sentence
+            earliest = self.admin.watermarks(
+                {t: sorted(stored.offsets[t]) for t in recreated}
+            ).earliest
+            forgotten = forget_recreated(stored, recreated, False, earliest)
+            self._recreated = set(recreated)
+            log.warning(
+                "topic(s) %s were deleted and created again: read from their earliest offset "
+                "(kafka.fail_on_data_loss is off)",
+                ", ".join(sorted(recreated)),
+            )
+            if self.checkpoint.has_plan():
+                reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
+                self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
+            return forgotten
         verdict = judge(self.checkpoint, stored, self.config.pipeline_id)
         if verdict.action == "stop":
             raise CheckpointMismatchError(verdict.reason)
@@ -280,22 +305,30 @@ class Pipeline:
         Kafka no longer has the stored position (the topic was deleted and recreated, which the
         source's data-loss guard already reported) and ``kafka.fail_on_data_loss`` is off.
         Anywhere else a move backwards is a stale plan, and the sink refuses it."""
+        # A recreated topic starts over: its first batch neither starts nor ends where the old
+        # topic's offsets are stored.
+        recreated = [(t, p) for t, parts in end.items() if t in self._recreated for p in parts]
         if self.config.kafka.fail_on_data_loss:
-            return ()
+            return tuple(sorted(recreated))
         behind = {
             t: [p for p, o in parts.items() if o < self._known.get(t, {}).get(p, o)]
             for t, parts in end.items()
         }
         behind = {t: parts for t, parts in behind.items() if parts}
         if not behind:
-            return ()
+            return tuple(sorted(recreated))
         latest = self.admin.latest(behind)
         rewound = tuple(
             sorted(
-                (t, p)
-                for t, parts in behind.items()
-                for p in parts
-                if latest[t][p] < self._known[t][p]
+                {
+                    *recreated,
+                    *(
+                        (t, p)
+                        for t, parts in behind.items()
+                        for p in parts
+                        if latest[t][p] < self._known[t][p]
+                    ),
+                }
             )
         )
         for t, p in rewound:
@@ -309,6 +342,23 @@ class Pipeline:
                 latest[t][p],
             )
         return rewound
+
+    def _current_topic_ids(self, end: Offsets) -> dict[str, str]:
+        """Kafka's ids of the batch's topics, recorded in its commit; a topic deleted and
+        created again while this run read it stops the batch before anything is written (the
+        next start handles it as :mod:`.topic_identity` says)."""
+        current = self.admin.topic_ids(end)
+        changed = sorted(
+            t for t, i in current.items() if t in self._topic_ids and self._topic_ids[t] != i
+        )
+        if changed:
+            raise TopicRecreatedError(
+                f"topic(s) {', '.join(changed)} were deleted and created again while this run "
+                "read them. Nothing of this batch was written; start the pipeline again (with "
+                "kafka.fail_on_data_loss: false it reads the new topic from its first record)."
+            )
+        self._topic_ids.update(current)
+        return {t: i for t, i in current.items() if t in end}
 
     def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
         """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
@@ -333,6 +383,7 @@ class Pipeline:
             batch_id=batch_id,
             end_offsets=end,
             rewound=self._rewound(end) if self.exactly_once else (),
+            topic_ids=self._current_topic_ids(end) if self.exactly_once else None,
         )
         observation: Observation | None = Observation()
         out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
@@ -377,6 +428,8 @@ class Pipeline:
         if result.delta_version is not None:
             summary.last_delta_version = result.delta_version
         summary.end_offsets = end
+        if result.written:
+            self._recreated = set()  # the recreated topics' offsets are the new ones from now
         for topic, parts in end.items():
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)

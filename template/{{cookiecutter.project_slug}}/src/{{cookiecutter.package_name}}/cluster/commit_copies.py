@@ -76,6 +76,7 @@ def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
         record.seq,
         expired=True,
         reset=record.reset,
+        topic_ids=record.topic_ids,
     )
 
 

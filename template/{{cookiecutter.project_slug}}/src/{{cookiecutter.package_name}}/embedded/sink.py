@@ -418,7 +418,14 @@ class DeltaRsSink:
     def _committed(self, commit: BatchCommit, version: int, rows: int) -> SinkResult:
         self._known = (
             version,
-            StoredOffsets(commit.end_offsets, version, commit.app_id, commit.batch_id, commit.seq),
+            StoredOffsets(
+                commit.end_offsets,
+                version,
+                commit.app_id,
+                commit.batch_id,
+                commit.seq,
+                topic_ids=commit.topic_ids,
+            ),
         )
         log.debug(
             "batch %d committed at version %d: %s",
