@@ -397,13 +397,20 @@ def newest_stored_paged(
     Delta RESTORE undid are passed over (:mod:`.table_history`) and the result names the
     restore. When a restore took the table back to before the pipeline's first commit, the
     result holds no offsets (``delta_version`` None) but names the restore."""
-    from .table_history import live_history, restores_in
+    from .table_history import iter_live, restores_in
 
     for limit in HISTORY_PAGES:
         page = history(limit)
-        stored = newest_stored(live_history(page), pipeline_id)
+        stored = newest_stored(iter_live(page), pipeline_id)
         complete = limit is None or len(page) < limit
         if stored is not None or complete:
+            # Only what is newer than the commit found can have undone it (and only those
+            # entries were judged on the way to it).
+            newer = [
+                e
+                for e in page
+                if stored is None or int(e["version"]) > (stored.delta_version or -1)  # type: ignore[call-overload]
+            ]
             # Restores that undid commits of this pipeline (a restore over other writers'
             # commits alone leaves the stored offsets as they were).
             ours = [
@@ -413,7 +420,7 @@ def newest_stored_paged(
             ]
             above = [
                 (version, to)
-                for version, to in restores_in(page)
+                for version, to in restores_in(newer)
                 if any(to < v < version for v in ours)
             ]
             if not above:

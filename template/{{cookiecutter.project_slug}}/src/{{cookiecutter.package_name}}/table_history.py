@@ -18,7 +18,7 @@ after rows the restore removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 
 class RestoreUnreadableError(ValueError):
@@ -63,10 +63,15 @@ def live_history(history: Iterable[Mapping[str, object]]) -> list[Mapping[str, o
     ...               {"version": 2}, {"version": 1}, {"version": 0}])
     [{'version': 1}, {'version': 0}]
     """
-    entries = list(history)
+    return list(iter_live(history))
+
+
+def iter_live(history: Iterable[Mapping[str, object]]) -> Iterator[Mapping[str, object]]:
+    """:func:`live_history`, lazily: a reader that stops at the first entry it wants (the
+    pipeline's newest commit in effect) never judges the RESTOREs older than it, so an
+    unreadable old restore does not block a table whose offsets were set after it."""
     ceiling: int | None = None
-    live: list[Mapping[str, object]] = []
-    for entry in entries:
+    for entry in history:
         version = int(entry["version"])  # type: ignore[call-overload]
         if ceiling is not None and version > ceiling:
             continue
@@ -74,8 +79,7 @@ def live_history(history: Iterable[Mapping[str, object]]) -> list[Mapping[str, o
         if target is not None:
             ceiling = target if ceiling is None else min(ceiling, target)
             continue
-        live.append(entry)
-    return live
+        yield entry
 
 
 def restores_in(history: Iterable[Mapping[str, object]]) -> list[tuple[int, int]]:
