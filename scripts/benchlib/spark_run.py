@@ -19,6 +19,7 @@ from typing import Any
 
 from . import memory
 from .kafka_io import CLIENT
+from .plain import plain_append, plain_pipeline
 
 log = logging.getLogger("bench")
 
@@ -147,7 +148,12 @@ def _run_pipeline(
     batches: list[list[Any]] = []
     in_sink = [0.0]
 
-    class TimedPipeline(pipeline_mod.Pipeline):  # type: ignore[name-defined,misc]
+    exactly_once = run.get("exactly_once", True)
+    if not exactly_once:
+        config = config.with_overrides(**{"commit_back.enabled": False})
+    base = pipeline_mod.Pipeline if exactly_once else plain_pipeline(pipeline_mod.Pipeline)
+
+    class TimedPipeline(base):  # type: ignore[valid-type,misc]
         """Records each batch when its commit returned (see BATCH), and logs when the stream
         started; the engine itself is untouched."""
 
@@ -173,11 +179,12 @@ def _run_pipeline(
                 ]
             )
 
-    pipeline = TimedPipeline(spark, config, exactly_once=run.get("exactly_once", True))
+    pipeline = TimedPipeline(spark, config)
     sink = getattr(pipeline, "sink", None)
-    for method in ("commit_batch", "append_unprotected"):
-        if sink is not None and hasattr(sink, method):
-            setattr(sink, method, _timed(getattr(sink, method), in_sink))
+    if sink is not None and hasattr(sink, "commit_batch"):
+        sink.commit_batch = _timed(sink.commit_batch, in_sink)
+    if not exactly_once:
+        pipeline.append = _timed(plain_append, in_sink)
     begin = time.time()
     summary = pipeline.run()
     stats = getattr(summary, "commit_back", None)

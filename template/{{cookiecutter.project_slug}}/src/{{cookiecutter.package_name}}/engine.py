@@ -110,10 +110,6 @@ class Sink(Protocol):
         again here, atomically with the commit."""
         ...
 
-    def append_unprotected(self, rows: Rows) -> SinkResult:
-        """Plain append, no txn/offsets/fencing: only for measuring their cost (scripts/bench)."""
-        ...
-
 
 class OffsetStore(Protocol):
     def read(

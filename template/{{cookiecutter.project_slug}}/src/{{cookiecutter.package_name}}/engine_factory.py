@@ -17,11 +17,16 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
         spark, required_connectors(config.engine.source, config.engine.sink)
     )
     if missing:
+        local = (
+            "KAFKA_DELTA_JARS=<folder of delta-spark jars> scripts/run_local.sh"
+            if config.engine.source == "embedded"
+            else "scripts/run_cluster_local.sh (spark-submit --packages, or --jars from the "
+            "folder KAFKA_DELTA_JARS names)"
+        )
         raise ConnectorMissingError(
             f"engine {config.engine.name!r} needs the {' and '.join(missing)} jars, which this "
-            "Spark session does not have. On Databricks they are built in; locally run "
-            "scripts/run_cluster_local.sh (spark-submit --packages, or --jars from the folder "
-            "KAFKA_DELTA_JARS names), or use engine: embedded."
+            f"Spark session does not have. On Databricks they are built in; locally run "
+            f"{local}, or use engine: embedded."
         )
     mode = WriteMode(config.delta.mode, config.delta.merge_keys, config.delta.order_by)
     dead_table = config.dead_letter_table
@@ -57,11 +62,17 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
     return Engine(
         source=source,
         sink=DeltaSparkSink(spark, config.delta.table, config.pipeline_id, mode=mode),
-        offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id),
+        offset_store=DeltaSparkOffsetStore(
+            spark, config.delta.table, config.pipeline_id, config.delta.storage_options
+        ),
         dead_letter_sink=(
             DeltaSparkSink(spark, dead_table, config.pipeline_id) if dead_table else None
         ),
         dead_letter_offsets=(
-            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id) if dead_table else None
+            DeltaSparkOffsetStore(
+                spark, dead_table, config.pipeline_id, config.delta.storage_options
+            )
+            if dead_table
+            else None
         ),
     )

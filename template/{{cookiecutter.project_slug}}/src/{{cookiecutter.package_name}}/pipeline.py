@@ -97,16 +97,13 @@ class Pipeline:
         config: PipelineConfig,
         transform: Transform = default_transform,
         *,
-        exactly_once: bool = True,
         committer: OffsetCommitter | None = None,
         listeners: Sequence[ProgressListener] = (),
     ) -> None:
-        """``exactly_once=False`` turns off txn, stored offsets, fencing and commit-back; it
-        exists only so scripts/bench can measure what they cost. ``listeners`` receive each
-        batch's :class:`~.progress.BatchProgress` (metrics, the progress file)."""
+        """``listeners`` receive each batch's :class:`~.progress.BatchProgress` (metrics, the
+        progress file)."""
         self.spark = spark
         self.config = config
-        self.exactly_once = exactly_once
         self.transform = transform
         self.engine: Engine = build_engine(spark, config)
         self.dead_letters = DeadLetterQueue(
@@ -231,7 +228,7 @@ class Pipeline:
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
         self._log_resume_point(stored)
-        if self.committer is None and self.config.commit_back.enabled and self.exactly_once:
+        if self.committer is None and self.config.commit_back.enabled:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
                 self.config.kafka.consumer_group,
@@ -382,8 +379,8 @@ class Pipeline:
             app_id=app_id(self.config.pipeline_id, query_id),
             batch_id=batch_id,
             end_offsets=end,
-            rewound=self._rewound(end) if self.exactly_once else (),
-            topic_ids=self._current_topic_ids(end) if self.exactly_once else None,
+            rewound=self._rewound(end),
+            topic_ids=self._current_topic_ids(end),
         )
         observation: Observation | None = Observation()
         out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
@@ -391,13 +388,13 @@ class Pipeline:
             out = out.transform(
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
             )
-        start = self._batch_start(batch_id, end) if self.exactly_once else None
+        start = self._batch_start(batch_id, end)
         commit = commit.starting_at(start)  # recorded for `offsets verify`
         dead_sent = 0
         # Fencing first, on the table as it is now: a run that may not commit this batch, or a
         # replay of a batch the table has, runs no task: it reads nothing from Kafka and writes
         # no data file and no dead letter.
-        if self.exactly_once and self.sink.check(commit, start):
+        if self.sink.check(commit, start):
             result = SinkResult(written=False, rows=0, delta_version=None)
             observation = None
         else:
@@ -407,10 +404,7 @@ class Pipeline:
                     dead_sent = self.dead_letters.send(df, batch.dead, commit)
                     self.summary.dead_letters += dead_sent
                 crash_point("before_delta_commit")
-                if self.exactly_once:
-                    result = self.sink.commit_batch(batch.rows, commit, start=start)
-                else:
-                    result = self.sink.append_unprotected(batch.rows)
+                result = self.sink.commit_batch(batch.rows, commit, start=start)
             finally:
                 batch.release()
         crash_point("after_delta_commit")

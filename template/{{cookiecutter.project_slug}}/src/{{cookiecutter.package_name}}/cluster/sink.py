@@ -114,12 +114,6 @@ class DeltaSparkSink:
     def _frame(self, rows: Rows) -> DataFrame:
         return rows if isinstance(rows, DataFrame) else self.spark.createDataFrame(rows)
 
-    def append_unprotected(self, rows: Rows) -> SinkResult:
-        frame = self._frame(rows)
-        count = frame.count()
-        frame.write.format("delta").mode("append").save(self.table_uri)
-        return SinkResult(written=True, rows=count, delta_version=None)
-
     def _stored(
         self, table: object | None, commit: BatchCommit, start: Offsets | None
     ) -> StoredOffsets | None:

@@ -339,21 +339,6 @@ class DeltaRsSink:
 
     # -- committing -------------------------------------------------------------------------
 
-    def append_unprotected(self, rows: Rows) -> SinkResult:
-        """Plain append: no txn, no offsets, no fencing, by the same executor-side writer.
-        Only for measuring what the exactly-once machinery costs (scripts/bench); a pipeline
-        never uses it."""
-        table = self._table()
-        files = self._write_files(table, rows)
-        for _ in range(_MAX_ATTEMPTS):
-            try:
-                version = self._commit_files(table, files, None)
-            except CommitFailedError:
-                table = self._table()
-                continue
-            return SinkResult(written=True, rows=files.num_rows, delta_version=version)
-        raise FencingError(f"lost the commit race {_MAX_ATTEMPTS} times on {self.table_uri}")
-
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:

@@ -1,0 +1,59 @@
+"""Row 5's pipeline: the generated pipeline with its exactly-once machinery left out (no txn, no
+stored offsets, no fencing, no commit-back), so the bench can measure what that machinery costs.
+
+It lives here, not in the product: a pipeline never runs this way. The rows are written by the
+sink's own writer (the delta-rs sink's task-written files, committed with no commit properties;
+the delta-spark sink's plain DataFrame append), so the only difference from row 4 is what
+exactly-once adds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# Lost commit races are retried this often (the bench's tables have one writer).
+ATTEMPTS = 10
+
+
+def plain_append(sink: Any, rows: Any) -> int:
+    """Append ``rows`` (what ``sink.materialize`` returned) with no txn, offsets or fencing;
+    the number of rows written."""
+    if hasattr(sink, "_commit_files"):  # the delta-rs sink: files written by Spark's tasks
+        from deltalake.exceptions import CommitFailedError
+
+        table = sink._table()
+        files = sink._write_files(table, rows)
+        for _ in range(ATTEMPTS):
+            try:
+                sink._commit_files(table, files, None)
+            except CommitFailedError:
+                table = sink._table()
+                continue
+            return int(files.num_rows)
+        raise RuntimeError(f"lost the commit race {ATTEMPTS} times on {sink.table_uri}")
+    frame = sink._frame(rows)  # the delta-spark sink: a plain append of the batch
+    count = frame.count()
+    frame.write.format("delta").mode("append").save(sink.table_uri)
+    return int(count)
+
+
+def plain_pipeline(base: type) -> type:
+    """A subclass of the generated ``Pipeline`` whose batches are plain appends."""
+
+    class PlainPipeline(base):  # type: ignore[misc,valid-type]
+        # The sink's share of a batch; the bench times it, as it times commit_batch in row 4.
+        append = staticmethod(plain_append)
+
+        def _process_batch(self, df: Any, batch_id: int) -> None:
+            started = time.perf_counter()
+            batch = self.sink.materialize(self.transform(df))
+            try:
+                rows = self.append(self.sink, batch.rows)
+            finally:
+                batch.release()
+            self.summary.batches += 1
+            self.summary.rows_written += rows
+            self.summary.batch_seconds.append(time.perf_counter() - started)
+
+    return PlainPipeline
