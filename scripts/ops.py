@@ -8,10 +8,19 @@ separate OS processes through these scenarios while records keep arriving:
 - partitions: partitions added (where the broker allows CreatePartitions; Tansu 0.6 does not,
   and then the planning code is checked against the real broker's metadata instead);
 - retries: a checkpoint whose batch 0 was planned and killed is restarted after another
-  checkpoint moved the table on: it must stop, writing nothing;
-- concurrency: two checkpoints of one pipeline run at once; at most one may commit a range;
+  checkpoint moved the table on: it is set aside (I9), and the run resumes from the table;
+- concurrency: two checkpoints of one pipeline run at once: each exits 0, or 3 when fenced
+  (one ``error:`` line, no traceback); both are then restarted: both exit 0;
 - transactions: transactional producers that commit, and that abort where the broker filters
   aborted records for read_committed readers (Tansu 0.6 does not; then it is reported);
+- restore: a Delta RESTORE (the sink's own engine) undoes pipeline commits whose range held
+  bad records; restarted with its checkpoint (set aside), the pipeline reads the undone
+  records again, and sends none of their dead letters twice;
+- rewind: `offsets reset` skips a range holding bad records, later dead letters pass it, and
+  a rewind reads it again: each bad record is sent once, and no run is fenced;
+- recreated topic: a topic deleted and created again with more records than the stored
+  offsets: with fail_on_data_loss the run stops (exit 2) writing nothing; without, it is read
+  from its first record;
 - log cleanup: other writers commit, a Delta checkpoint is written and the JSON commits it
   covers are deleted, as Delta's cleanup does; restarts with the checkpoint kept and deleted.
 
@@ -26,6 +35,7 @@ duplicates=0
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -90,8 +100,10 @@ class Feed:
 class Sink:
     """One sink's pipeline: its config, checkpoints, and runs of it as OS processes."""
 
-    def __init__(self, ops: Ops, name: str, settings: dict[str, Any]) -> None:
-        self.ops, self.name = ops, name
+    def __init__(
+        self, ops: Ops, name: str, settings: dict[str, Any], jars: str | None = None
+    ) -> None:
+        self.ops, self.name, self.jars = ops, name, jars
         base = ops.project.conf
         self.topics = list(base["kafka"]["topics"])
         self.work = ops.workdir / name
@@ -133,8 +145,9 @@ class Sink:
         checkpoint: str | None = None,
         env: dict[str, str] | None = None,
         expect: int | None = 0,
+        **overrides: Any,
     ) -> str:
-        config = self.config(topics, checkpoint=checkpoint or self.checkpoint)
+        config = self.config(topics, checkpoint=checkpoint or self.checkpoint, **overrides)
         command = self.ops.project.command(config, self.ops.bootstrap)
         log_path = self.work / f"run-{self.runs:02d}.log"
         code, output = harness.run(
@@ -147,9 +160,31 @@ class Sink:
             )
         return output
 
-    def verify(self, scenario: str, topics: list[str] | None = None) -> harness.Check:
+    def offsets(self, *args: str, expect: int = 0) -> str:
+        """``<pkg> offsets <args>`` on this sink's pipeline, as an operator runs it."""
+        config = self.config()
+        project = self.ops.project
+        command = [sys.executable, "-m", project.package, "offsets", *args]
+        command += ["--config", str(config), "--bootstrap-servers", self.ops.bootstrap]
+        log_path = self.work / f"offsets-{self.runs:02d}.log"
+        code, output = harness.run(command, project.root, project.env(), log_path)
+        if code != expect:
+            raise RuntimeError(
+                f"{self.name}: offsets {' '.join(args)} exited {code}, expected {expect}:\n"
+                + output[-3000:]
+            )
+        return output
+
+    def versions(self) -> tuple[int, int | None]:
+        """The Delta versions of the table and of the dead-letter table (None: not created)."""
+        dead = self.conf["dead_letters"]["table"]
+        dead_version = DeltaTable(dead).version() if Path(dead, "_delta_log").is_dir() else None
+        return DeltaTable(self.table).version(), dead_version
+
+    def check(self, topics: list[str] | None = None) -> harness.Check:
+        """The independent reader's verdict, not asserted."""
         feed = self.ops.feeds[self.name]
-        verdict = harness.check(
+        return harness.check(
             self.table,
             self.conf["dead_letters"]["table"],
             feed.produced,
@@ -159,6 +194,9 @@ class Sink:
             self.conf["kafka"]["consumer_group"],
             topics or self.topics,
         )
+
+    def verify(self, scenario: str, topics: list[str] | None = None) -> harness.Check:
+        verdict = self.check(topics)
         log(f"{self.name} {scenario}: {verdict.summary()}")
         if not verdict.ok:
             raise AssertionError(f"{self.name} {scenario}: {verdict.summary()}")
@@ -238,6 +276,12 @@ def scenario_partitions(sink: Sink, feed: Feed) -> None:
     sink.verify("partitions: new to the checkpoint")
 
 
+def set_aside_copies(checkpoint: str) -> list[Path]:
+    """The copies recovery (I9) left of ``checkpoint``: ``<checkpoint>.set-aside-<UTC time>``."""
+    path = Path(checkpoint)
+    return sorted(path.parent.glob(f"{path.name}.set-aside-*"))
+
+
 def scenario_retries(sink: Sink, feed: Feed) -> None:
     retried = str(sink.work / "checkpoint-retried")
     feed.events(sink.topics, 150)
@@ -247,13 +291,25 @@ def scenario_retries(sink: Sink, feed: Feed) -> None:
     feed.events(sink.topics, 150)
     sink.run()  # the main job moves the table on
     sink.verify("retries: table moved on")
-    version = DeltaTable(sink.table).version()
-    output = sink.run(checkpoint=retried, expect=1)  # the retried job must stop
-    if "backwards" not in output and "does not start where the table ends" not in output:
-        raise AssertionError(f"{sink.name}: retried job stopped for another reason:\n{output}")
-    assert DeltaTable(sink.table).version() == version, "the retried job wrote to the table"
-    shutil.rmtree(retried)  # what its message tells the operator to do
-    sink.verify("retries: retried job fenced")
+    # The retried job's planned batch is behind the table: recovery sets its checkpoint aside
+    # and the run resumes from the table (I9), reading what arrived since, exit 0.
+    feed.events(sink.topics, 90)
+    output = sink.run(checkpoint=retried)
+    if not set_aside_copies(retried) or "set aside" not in output:
+        raise AssertionError(f"{sink.name}: the retried checkpoint was not set aside:\n{output}")
+    sink.verify("retries: retried job fenced by the table, set aside, resumed from the table")
+
+
+def fenced_once(text: str) -> str | None:
+    """Why a run's output is not that of a fenced run (one ``error:`` line, no traceback)."""
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    if len(errors) != 1:
+        return f"{len(errors)} error: lines"
+    if "restart the pipeline" not in errors[0]:
+        return f"not a fencing sentence: {errors[0]}"
+    if "Traceback" in text:
+        return "a stack trace"
+    return None
 
 
 def scenario_concurrency(sink: Sink, feed: Feed) -> None:
@@ -293,24 +349,21 @@ def scenario_concurrency(sink: Sink, feed: Feed) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 codes.append(proc.wait())
-    log(f"{sink.name} concurrency: exit codes {codes} (1 = stopped by fencing)")
-    if codes.count(0) == 0:
-        raise AssertionError(f"{sink.name}: both concurrent runs stopped: {codes}")
+    log(f"{sink.name} concurrency: exit codes {codes} (3 = fenced: lost a race)")
     for i, code in enumerate(codes):
         text = (sink.work / f"concurrent-{i}.log").read_text(errors="replace")
-        fenced = (
-            "backwards" in text or "does not start where" in text or "lost to a concurrent" in text
-        )
-        if code not in (0, 1) or (code == 1 and not fenced):
-            raise AssertionError(f"{sink.name}: concurrent run {i} exited {code}:\n{text[-3000:]}")
-    # Resume on a checkpoint that was not fenced; the other is deleted as its message says.
-    if codes[0] != 0:
-        shutil.rmtree(sink.checkpoint)
-        shutil.move(second, sink.checkpoint)
-    else:
-        shutil.rmtree(second, ignore_errors=True)
+        wrong = None if code == 0 else fenced_once(text) if code == 3 else f"exit {code}"
+        if wrong:
+            raise AssertionError(
+                f"{sink.name}: concurrent run {i}: {wrong}; its output:\n{text[-3000:]}"
+            )
+    # Both checkpoints restart as they are, the loser too (I9: one behind the table is set
+    # aside and resumes from it): both exit 0, and the table holds every record once.
+    feed.events(sink.topics, 60)
     sink.run()
-    sink.verify("concurrency: two checkpoints at once")
+    feed.events(sink.topics, 60)
+    sink.run(checkpoint=second)
+    sink.verify("concurrency: two checkpoints at once, both restarted")
 
 
 def aborts_are_filtered(bootstrap: str, topic: str) -> bool:
@@ -370,6 +423,111 @@ def scenario_transactions(sink: Sink, feed: Feed) -> None:
     sink.verify(scenario)
 
 
+def pipeline_versions(table: str, pipeline_id: str, after: int) -> list[int]:
+    """The Delta versions above ``after`` that are commits of the pipeline, oldest first."""
+    found = []
+    for commit in DeltaTable(table).history():
+        try:
+            body = json.loads(commit.get("userMetadata") or "null")
+        except ValueError:
+            continue
+        if (
+            commit["version"] > after
+            and isinstance(body, dict)
+            and body.get("kafka_delta", {}).get("pipeline_id") == pipeline_id
+        ):
+            found.append(commit["version"])
+    return sorted(found)
+
+
+def scenario_restore(sink: Sink, feed: Feed) -> None:
+    """A Delta RESTORE undoes pipeline commits: the restarted pipeline (checkpoint kept) must
+    read the undone records again, and their dead letters, already sent, not twice."""
+    before = DeltaTable(sink.table).version()
+    feed.events(sink.topics, 500)
+    feed.bad_records(sink.topics[0])
+    feed.events(sink.topics, 400)
+    sink.run()  # batches of at most 400 records: three pipeline commits
+    commits = pipeline_versions(sink.table, sink.conf["pipeline_id"], before)
+    if len(commits) < 2:
+        raise AssertionError(f"{sink.name}: one run made {commits}, not several batches")
+    version = commits[0]
+    sink.verify("restore: before the RESTORE")
+    # The operator rolls the later batches back with the sink's own engine's RESTORE.
+    harness.restore_table(sink.table, version, sink.name, sink.jars, sink.ops.project.env())
+    rows = DeltaTable(sink.table).to_pyarrow_table(columns=["id"]).num_rows
+    if rows >= feed.produced:
+        raise AssertionError(f"{sink.name}: RESTORE to version {version} undid nothing")
+    copies = len(set_aside_copies(sink.checkpoint))
+    output = sink.run()  # the checkpoint, ahead of the restored table, is kept
+    if len(set_aside_copies(sink.checkpoint)) != copies + 1 or "set aside" not in output:
+        raise AssertionError(f"{sink.name}: the checkpoint was not set aside:\n{output}")
+    log(f"{sink.name} restore: table restored to version {version}, the checkpoint set aside")
+    sink.verify("restore: RESTORE undid pipeline commits, restarted, checkpoint set aside")
+
+
+def scenario_rewind(sink: Sink, feed: Feed) -> None:
+    """A reset skips a range holding bad records, later dead letters move the dead-letter
+    table past them, and a rewind reads the range again: its records land once, each bad record
+    in the dead-letter table once (dead letters are tracked by position, not by the highest
+    offset), and no run is fenced. No good record arrives between the skip and the rewind,
+    so the rewind re-reads nothing the table already holds: in append mode it would be written
+    twice, as asked, and the table would no longer be exact."""
+    topic = sink.topics[0]
+    group = sink.conf["kafka"]["consumer_group"]
+    before = harness.kafka_view(sink.ops.bootstrap, group, [topic])["latest"][topic]
+    feed.events([topic], 80)
+    feed.bad_records(topic)
+    skipped_bad = len(BAD_VALUES)
+    versions = sink.versions()
+    sink.offsets("reset", "--topic", topic, "--to-latest")  # a preview: writes nothing
+    if sink.versions() != versions:
+        raise AssertionError(f"{sink.name}: offsets reset without --execute wrote a commit")
+    sink.offsets("reset", "--topic", topic, "--to-latest", "--allow-skip", "--execute")
+    feed.bad_records(topic)  # past the skipped ones, on both partitions
+    sink.run()
+    partial = sink.check()
+    if (partial.missing, partial.dead_rows) != (80, feed.bad - skipped_bad):
+        raise AssertionError(f"{sink.name}: the skip did not skip: {partial.summary()}")
+    spec = ",".join(f"{topic}:{p}={o}" for p, o in sorted(before.items()))
+    sink.offsets("reset", "--to-offsets", spec, "--allow-rewind", "--execute")
+    output = sink.run()
+    if "error:" in output or "Traceback" in output:
+        raise AssertionError(f"{sink.name}: the run after the rewind:\n{output[-3000:]}")
+    sink.verify("rewind over dead letters: skipped range read again, each dead letter once")
+
+
+def scenario_recreated_topic(sink: Sink, feed: Feed) -> None:
+    """A topic deleted and created again is another topic (its Kafka id): with
+    fail_on_data_loss the run stops writing nothing; without, it reads the new one from its
+    first record, although the new topic holds more records than the stored offsets."""
+    topic = f"{sink.topics[0]}-{sink.name}-recreated"
+    bootstrap = sink.ops.bootstrap
+    produce = sink.ops.project.produce
+    produce.ensure_topics(bootstrap, [topic], 2)
+    feed.events([topic], 60)
+    sink.topics = [*sink.topics, topic]
+    sink.run()
+    sink.verify("recreated topic: first life")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic], request_timeout=10)[topic].result()
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{sink.name}: topic {topic} still listed after its deletion")
+        time.sleep(0.5)
+    produce.ensure_topics(bootstrap, [topic], 2)
+    feed.events([topic], 120)  # 60 a partition: past the 30 the table stores for each
+    versions = sink.versions()
+    output = sink.run(expect=2)  # kafka.fail_on_data_loss: true
+    if "were deleted and created again" not in output or "Traceback" in output:
+        raise AssertionError(f"{sink.name}: the recreated topic's stop:\n{output[-3000:]}")
+    if sink.versions() != versions:
+        raise AssertionError(f"{sink.name}: the stopped run wrote to a table")
+    sink.run(kafka={**sink.conf["kafka"], "fail_on_data_loss": False})
+    sink.verify("recreated topic: fail_on_data_loss stops; off, read from its first record")
+
+
 def clean_up_the_log(table_uri: str) -> None:
     """Other writers commit, a Delta checkpoint is written, and the JSON commits it covers are
     deleted: the log as Delta's cleanup leaves it once they are past the retention period."""
@@ -404,6 +562,9 @@ SCENARIOS: list[Callable[[Sink, Feed], None]] = [
     scenario_retries,
     scenario_concurrency,
     scenario_transactions,
+    scenario_restore,
+    scenario_rewind,
+    scenario_recreated_topic,
     scenario_log_cleanup,
 ]
 
@@ -414,7 +575,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sinks", default="delta_rs,delta_spark", help="comma-separated: delta_rs,delta_spark"
     )
+    parser.add_argument(
+        "--scenarios",
+        default="",
+        help="comma-separated scenario names to run (e.g. restore,recreated_topic); default all",
+    )
     args = parser.parse_args(argv)
+    chosen = [s for s in args.scenarios.split(",") if s]
+    unknown = set(chosen) - {f.__name__.removeprefix("scenario_") for f in SCENARIOS}
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    scenarios = [
+        f for f in SCENARIOS if not chosen or f.__name__.removeprefix("scenario_") in chosen
+    ]
     jars = os.environ.get(harness.JARS_ENV)
     sinks = [s for s in args.sinks.split(",") if s]
     if "delta_spark" in sinks and not jars:
@@ -427,14 +600,14 @@ def main(argv: list[str] | None = None) -> int:
     totals = {"produced": 0, "rows": 0, "distinct": 0, "missing": 0, "duplicates": 0}
     try:
         for name in sinks:
-            sink = Sink(ops, name, harness.sink_settings(name, jars))
+            sink = Sink(ops, name, harness.sink_settings(name, jars), jars)
             sink.topics = [f"{t}-{name}" for t in sink.topics]
             feed = ops.feeds.setdefault(name, Feed(project, ops.bootstrap))
             project.produce.ensure_topics(ops.bootstrap, sink.topics, 2)
             feed.events(sink.topics, 300)
             sink.run()
             sink.verify("baseline")
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 log(f"{name}: {scenario.__name__}")
                 scenario(sink, feed)
             # The last independent verdict of this sink (delta_spark's is taken before its
