@@ -103,7 +103,9 @@ class OncePerMessage(logging.Filter):
     """Lets each distinct librdkafka message through once: the same failure repeated by every
     reconnect attempt says nothing new. Timings and counters do not make a message distinct."""
 
-    _VARYING = re.compile(r"\(after \d+ms in state \w+[^)]*\)|\d+ms|\d+/\d+")
+    # "(after 0ms in state CONNECT, 1 identical error(s) suppressed)": librdkafka's own
+    # suppression count holds parentheses of its own.
+    _VARYING = re.compile(r"\(after \d+ms in state \w+(?:[^()]|\([^)]*\))*\)|\d+ms|\d+/\d+")
 
     def __init__(self) -> None:
         super().__init__()

@@ -315,20 +315,10 @@ class Pipeline:
         if not behind:
             return tuple(sorted(recreated))
         latest = self.admin.latest(behind)
-        rewound = tuple(
-            sorted(
-                {
-                    *recreated,
-                    *(
-                        (t, p)
-                        for t, parts in behind.items()
-                        for p in parts
-                        if latest[t][p] < self._known[t][p]
-                    ),
-                }
-            )
-        )
-        for t, p in rewound:
+        lost = [
+            (t, p) for t, parts in behind.items() for p in parts if latest[t][p] < self._known[t][p]
+        ]
+        for t, p in lost:
             log.warning(
                 "%s[%d] restarts at offset %d below the stored %d: Kafka's latest is %d (the "
                 "topic was recreated) and kafka.fail_on_data_loss is off",
@@ -338,6 +328,7 @@ class Pipeline:
                 self._known[t][p],
                 latest[t][p],
             )
+        rewound = tuple(sorted({*recreated, *lost}))
         return rewound
 
     def _current_topic_ids(self, end: Offsets) -> dict[str, str]:
