@@ -296,3 +296,30 @@ def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config
     Pipeline(spark, allowed).run()
     assert_exactly_once(allowed, 40)
     assert_offsets_agree(allowed)
+
+
+def test_the_offsets_commands_read_a_cleaned_up_delta_spark_table_through_its_commit_copy(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path, capsys
+) -> None:
+    """show, verify and reset read stored offsets with the pipeline's own reader: after log
+    cleanup, a delta-spark table's offsets are in the copy of its last commit."""
+    import json
+
+    from test_offsets_cli import _cli
+
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 100)
+    cfg = make_config(topics, engine=engine)
+    Pipeline(spark, cfg).run()
+    _clean_up_the_log(cfg.delta.table)
+
+    status, out, err = _cli(cfg, tmp_path, capsys, "show", "--json")
+    assert status == 0, err
+    stored = json.loads(out)["stored"]
+    assert sum(stored["offsets"][topics[0]].values()) == 100, stored
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-current", "--execute")
+    assert status == 0, err + out
+    status, out, err = _cli(cfg, tmp_path, capsys, "verify")
+    assert status in (0, 1) and "no commit copy" not in err, err
