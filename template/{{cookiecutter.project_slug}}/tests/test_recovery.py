@@ -88,6 +88,33 @@ def test_a_delta_restore_is_read_again_with_the_checkpoint_kept_or_deleted(
     assert_offsets_agree(cfg)
 
 
+def test_a_restore_to_before_the_pipelines_first_commit_reads_everything_again(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    """The table existed (empty) before the pipeline; a RESTORE to that version leaves no
+    stored offsets at all, and the kept checkpoint, which read everything, is set aside."""
+    import pyarrow as pa
+
+    topics = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, topics, 100)
+    probe = make_config(topics).with_overrides(
+        **{"delta.table": str(tmp_path / "probe"), "checkpoint": str(tmp_path / "probe-cp")}
+    )
+    Pipeline(spark, probe).run()
+    cfg = make_config(topics, max_records_per_trigger=50)
+    empty = pa.schema(DeltaTable(probe.delta.table).schema().to_arrow()).empty_table()
+    write_deltalake(cfg.delta.table, empty)
+    Pipeline(spark, cfg).run()
+    DeltaTable(cfg.delta.table).restore(0)
+    produce_events(kafka_bootstrap, topics, 20, first_id=100)
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 120)
+    assert_offsets_agree(cfg)
+    assert len(_set_aside(cfg.checkpoint)) == 1
+
+
 def test_a_checkpoint_ahead_of_the_table_without_restore_or_reset_stops_with_one_sentence(
     spark, kafka_bootstrap, new_topics, make_config
 ) -> None:

@@ -66,23 +66,7 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
         and stored.batch_id >= planned
     ):
         return Verdict("resume")  # the pending batch is in the table: Spark replays it
-    if not committed:
-        # The pending batch is not the table's: it is re-run from its planned range, which must
-        # not end below what the table stores (it would be fenced on every restart).
-        end = checkpoint.end_offsets(planned)
-        under = [
-            (t, p, e, stored.offsets[t][p])
-            for t, parts in end.items()
-            for p, e in parts.items()
-            if e < stored.offsets.get(t, {}).get(p, e)
-        ]
-        if under:
-            t, p, e, o = under[0]
-            return Verdict(
-                "set_aside",
-                f"its pending batch {planned} ends at {t}[{p}] {e}, below the table's {o}: "
-                f"another run of the pipeline moved the table on to {stored.describe()}",
-            )
+    moved = _operator_move_after(checkpoint, stored)
     if position is None:
         if committed or not any(stored.offsets.values()):
             return Verdict("resume")
@@ -102,12 +86,21 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
     ]
     behind = [(t, p, c, o) for t, p, c, o in shared if c < o]
     ahead = [(t, p, c, o) for t, p, c, o in shared if c > o]
+    # After an operator's move, partitions the table no longer stores (a RESTORE to before the
+    # pipeline's first commit) are ahead of it too: the checkpoint read them.
+    dropped = [
+        (t, p, c, None)
+        for t, parts in position.items()
+        for p, c in parts.items()
+        if moved is not None and p not in stored.offsets.get(t, {})
+    ]
+    ahead += dropped
     if not behind and not ahead:
         return Verdict("resume")
     detail = "; ".join(
-        f"{t}[{p}] checkpoint {c}, table {o}" for t, p, c, o in (ahead + behind)[:4]
+        f"{t}[{p}] checkpoint {c}, table {'-' if o is None else o}"
+        for t, p, c, o in (ahead + behind)[:4]
     ) + ("; ..." if len(ahead) + len(behind) > 4 else "")
-    moved = _operator_move_after(checkpoint, stored)
     if moved is not None:
         reason = f"{moved} after this checkpoint planned its last batch ({detail})"
         return Verdict("set_aside", reason)
