@@ -156,17 +156,18 @@ def test_dead_letters_of_a_range_read_again_reach_the_dead_letter_table_once_and
     produce_events(kafka_bootstrap, [topic], 40)
     cfg = make_config([topic], engine=sink_engine, max_records_per_trigger=20)
     Pipeline(spark, cfg).run()
-    produce_values(kafka_bootstrap, topic, [(0, b"not json"), (1, b"{broken")])
+    before_the_bad_ones = _pipeline_versions(cfg.delta.table, cfg.pipeline_id)[-1]
     produce_events(kafka_bootstrap, [topic], 40, first_id=40)
-    Pipeline(spark, cfg).run()
+    produce_values(kafka_bootstrap, topic, [(0, b"not json"), (1, b"{broken")])
+    # One large batch: the dead-letter table's stored offsets end past everything.
+    Pipeline(spark, cfg.with_overrides(**{"kafka.max_records_per_trigger": 1000})).run()
     dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table()
     assert sorted(dead["value"].to_pylist()) == [b"not json", b"{broken"]
 
-    # Replay after a fix: the batches since the second run are undone and read again, in
-    # small batches, by a transform that rejects records the old one accepted. The range lies
-    # below the offsets the dead-letter table already stores.
-    first_of_second_run = _pipeline_versions(cfg.delta.table, cfg.pipeline_id)[1]
-    _restore(spark, sink_engine["sink"], cfg.delta.table, first_of_second_run)
+    # Replay after a fix: the second run is undone and read again, in small batches, by a
+    # transform that rejects records the old one accepted. The range lies below the offsets
+    # the dead-letter table stores, and each small batch ends below them too.
+    _restore(spark, sink_engine["sink"], cfg.delta.table, before_the_bad_ones)
     Pipeline(spark, cfg, transform=_strict).run()
 
     # Every record's position is in exactly one of the two tables, exactly once.
