@@ -197,8 +197,9 @@ def test_a_removed_topic_keeps_its_offsets_through_log_cleanup_and_is_not_read_t
     Pipeline(spark, both).run()
     only_kept = both.with_overrides(**{"kafka.topics": [kept]})
     _clean_up_the_log(both.delta.table)
+    shutil.rmtree(both.checkpoint)  # the config change comes with a new checkpoint
     produce_events(kafka_bootstrap, [kept], 60, first_id=200)
-    Pipeline(spark, only_kept).run()  # its commit is made after cleanup, without the topic's record
+    Pipeline(spark, only_kept).run()  # its commit, made after cleanup, does not name the topic
 
     stored = DeltaRsOffsetStore(both.delta.table, both.pipeline_id).read(
         lambda: {removed: [0, 1], kept: [0, 1]}
