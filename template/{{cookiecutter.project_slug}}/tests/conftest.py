@@ -90,6 +90,14 @@ def skip_without_connectors(spark, engine: dict[str, str]) -> None:
         pytest.skip(connectors_missing_reason(missing))
 
 
+@pytest.fixture(params=["delta_rs", "delta_spark"])
+def sink_engine(request, spark) -> dict[str, str]:
+    """The embedded source with each sink; skipped (with its reason) without delta-spark."""
+    engine = {"source": "embedded", "sink": request.param}
+    skip_without_connectors(spark, engine)
+    return engine
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """KAFKA_BOOTSTRAP_SERVERS when set (any real Kafka), else the embedded Tansu broker."""

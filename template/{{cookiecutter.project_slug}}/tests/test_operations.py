@@ -23,13 +23,6 @@ from support import assert_exactly_once, assert_offsets_agree
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-@pytest.fixture(params=["delta_rs", "delta_spark"])
-def sink_engine(request, spark) -> dict[str, str]:
-    engine = {"source": "embedded", "sink": request.param}
-    skip_without_connectors(spark, engine)
-    return engine
-
-
 def test_a_topic_added_removed_and_re_added_on_one_checkpoint_lands_every_record_once(
     spark, kafka_bootstrap, new_topics, make_config, sink_engine
 ) -> None:

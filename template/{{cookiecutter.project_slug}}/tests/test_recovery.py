@@ -33,13 +33,6 @@ from test_operations import _clean_up_the_log
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-@pytest.fixture(params=["delta_rs", "delta_spark"])
-def sink_engine(request, spark) -> dict[str, str]:
-    engine = {"source": "embedded", "sink": request.param}
-    skip_without_connectors(spark, engine)
-    return engine
-
-
 def _pipeline_versions(table_uri: str, pipeline_id: str) -> list[int]:
     """Delta versions of the pipeline's commits, oldest first."""
     return sorted(

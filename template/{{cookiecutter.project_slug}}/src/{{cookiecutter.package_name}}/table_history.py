@@ -66,10 +66,11 @@ def live_history(history: Iterable[Mapping[str, object]]) -> list[Mapping[str, o
     return list(iter_live(history))
 
 
-def iter_live(history: Iterable[Mapping[str, object]]) -> Iterator[Mapping[str, object]]:
-    """:func:`live_history`, lazily: a reader that stops at the first entry it wants (the
-    pipeline's newest commit in effect) never judges the RESTOREs older than it, so an
-    unreadable old restore does not block a table whose offsets were set after it."""
+def _in_effect(
+    history: Iterable[Mapping[str, object]],
+) -> Iterator[tuple[Mapping[str, object], int | None]]:
+    """The walk both readers share: each entry in effect, newest first, with the version it
+    restored the table to (None for an entry that is no RESTORE)."""
     ceiling: int | None = None
     for entry in history:
         version = int(entry["version"])  # type: ignore[call-overload]
@@ -78,22 +79,21 @@ def iter_live(history: Iterable[Mapping[str, object]]) -> Iterator[Mapping[str, 
         target = restored_to(entry)
         if target is not None:
             ceiling = target if ceiling is None else min(ceiling, target)
-            continue
-        yield entry
+        yield entry, target
+
+
+def iter_live(history: Iterable[Mapping[str, object]]) -> Iterator[Mapping[str, object]]:
+    """:func:`live_history`, lazily: a reader that stops at the first entry it wants (the
+    pipeline's newest commit in effect) never judges the RESTOREs older than it, so an
+    unreadable old restore does not block a table whose offsets were set after it."""
+    return (entry for entry, target in _in_effect(history) if target is None)
 
 
 def restores_in(history: Iterable[Mapping[str, object]]) -> list[tuple[int, int]]:
     """``(restore version, restored-to version)`` of every RESTORE in effect in ``history``
     (newest first), for messages and audits."""
-    entries = list(history)
-    found = []
-    ceiling: int | None = None
-    for entry in entries:
-        version = int(entry["version"])  # type: ignore[call-overload]
-        if ceiling is not None and version > ceiling:
-            continue
-        target = restored_to(entry)
-        if target is not None:
-            found.append((version, target))
-            ceiling = target if ceiling is None else min(ceiling, target)
-    return found
+    return [
+        (int(entry["version"]), target)  # type: ignore[call-overload]
+        for entry, target in _in_effect(history)
+        if target is not None
+    ]
