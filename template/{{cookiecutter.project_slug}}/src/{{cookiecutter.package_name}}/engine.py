@@ -1,4 +1,5 @@
-"""The engine interface: a source, a sink and an offset store, chosen in config.
+"""The engine interface: a source, a sink and an offset store, chosen in config. This module
+names the contract alone; :mod:`.engine_factory` builds the implementations.
 
 Two implementations sit behind it (docs/design.md section 5), and any mix of them works:
 
@@ -9,7 +10,7 @@ source        ``embedded``: Python data source on         ``spark_kafka``: Spark
               confluent-kafka (:mod:`.embedded.source`)   ``kafka`` format (:mod:`.cluster.source`)
 sink          ``delta_rs``: Parquet files written by      ``delta_spark``: delta-spark writer
               the tasks, one delta-rs commit              options / MERGE session confs
-offset store  delta-rs table history                      ``DeltaTable.history()``
+offset store  :mod:`.stored_offsets` over a delta-rs log    the same, over delta-spark's history
 ============  =========================================  ========================================
 
 Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over every mix:
@@ -17,7 +18,7 @@ Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over e
 - one Delta commit per batch holds the rows, a ``txn(app_id, batch_id)`` action and the end
   offsets in ``userMetadata`` (:class:`.offsets.BatchCommit`);
 - a replayed batch (its txn version already recorded) writes nothing and reports success (I2);
-- a batch commits only where the pipeline's stored offsets end (fencing, I6);
+- a batch commits only where the pipeline's stored offsets end (:mod:`.fencing`, I6);
 - ``append`` adds every row; ``upsert`` MERGEs on the key columns, idempotently.
 """
 
