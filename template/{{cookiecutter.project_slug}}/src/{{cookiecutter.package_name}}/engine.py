@@ -10,7 +10,7 @@ source        ``embedded``: Python data source on         ``spark_kafka``: Spark
               confluent-kafka (:mod:`.embedded.source`)   ``kafka`` format (:mod:`.cluster.source`)
 sink          ``delta_rs``: Parquet files written by      ``delta_spark``: delta-spark writer
               the tasks, one delta-rs commit              options / MERGE session confs
-offset store  :mod:`.stored_offsets` over a delta-rs log    the same, over delta-spark's history
+offset store  :mod:`.stored_offsets` on a delta-rs log      the same, on delta-spark's history
 ============  =========================================  ========================================
 
 Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over every mix:
