@@ -9,8 +9,11 @@ exactly-once adds.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # Lost commit races are retried this often (the bench's tables have one writer).
 ATTEMPTS = 10
@@ -55,5 +58,8 @@ def plain_pipeline(base: type) -> type:
             self.summary.batches += 1
             self.summary.rows_written += rows
             self.summary.batch_seconds.append(time.perf_counter() - started)
+            # The progress line's head, as the pipeline logs it: start-up's "first batch" ends
+            # at the first one (benchlib/startup.py).
+            log.info("batch=%d rows_written=%d (plain append)", batch_id, rows)
 
     return PlainPipeline

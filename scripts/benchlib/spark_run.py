@@ -69,7 +69,7 @@ def _spark(spec: dict[str, Any]) -> Any:
         builder = builder.config("spark.driver.extraJavaOptions", options)
     if spec.get("jars"):
         builder = builder.config("spark.jars", ",".join(spec["jars"]))
-        for key, value in _import_package(spec, "engine").DELTA_SESSION_CONFS.items():
+        for key, value in _import_package(spec, "connectors").DELTA_SESSION_CONFS.items():
             builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
