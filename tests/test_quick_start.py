@@ -183,6 +183,7 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         "README.md",
         "conf",
         "databricks.yml",
+        "docs",
         "pyproject.toml",
         "scripts",
         "src",
