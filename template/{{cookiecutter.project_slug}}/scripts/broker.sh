@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1.
+# Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1, and
+# beside it the development Schema Registry (src/.../devtools/registry.py; its URL in .broker.json).
 #   scripts/broker.sh start [--port 9092]    prints the bootstrap address, keeps it in .broker.json
 #   scripts/broker.sh address                prints the running broker's address
-#   scripts/broker.sh stop
+#   scripts/broker.sh registry-url           prints the development Schema Registry's URL
+#   scripts/broker.sh stop                   stops both
 # scripts/produce.sh and scripts/run_local.sh read the address from .broker.json when no
 # --bootstrap-servers is given: nothing needs the broker's port pasted in.
 set -euo pipefail

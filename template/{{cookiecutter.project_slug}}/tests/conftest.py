@@ -228,3 +228,68 @@ def tcp_proxy(kafka_bootstrap: str) -> Iterator[TcpProxy]:
     proxy = TcpProxy(kafka_bootstrap.split(",")[0])
     yield proxy
     proxy.stop()
+
+
+# --- the development Schema Registry (devtools/registry.py) ---------------------------------
+
+
+class SchemaRegistryProcess:
+    """The local Schema Registry in its own process on a fixed loopback port, its state in a
+    file: ``stop()`` then ``start()`` brings it back on the same URL with the same ids, which is
+    how a test plays "registry down" and "registry up"."""
+
+    def __init__(self, data_path: Path) -> None:
+        from {{ cookiecutter.package_name }}.devtools.registry import LocalSchemaRegistry
+
+        self._registry = LocalSchemaRegistry(
+            data_path=data_path, log_path=data_path.with_suffix(".log")
+        )
+        self.data_path = data_path
+
+    @property
+    def url(self) -> str:
+        return self._registry.url
+
+    @property
+    def pid(self) -> int | None:
+        process = self._registry.process
+        return process.pid if process is not None else None
+
+    def start(self) -> None:
+        if self._registry.process is None:
+            self._registry.start()
+
+    def stop(self) -> None:
+        self._registry.stop()
+
+    def down(self):
+        """``with schema_registry.down(): ...``: stopped inside, running again after, even when
+        the block fails (the session's other tests share this registry)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def stopped() -> Iterator[None]:
+            self.stop()
+            try:
+                yield
+            finally:
+                self.start()
+
+        return stopped()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistryProcess]:
+    """The development Schema Registry on a free loopback port (``.url``), stopped by its pid
+    at the end of the session; ``.stop()``, ``.start()`` and ``.down()`` for outage tests."""
+    from {{ cookiecutter.package_name }}.devtools.registry import RegistryError
+
+    registry = SchemaRegistryProcess(tmp_path_factory.mktemp("schema-registry") / "state.json")
+    try:
+        registry.start()
+    except RegistryError as exc:
+        pytest.skip(f"no schema registry: {exc}")
+    try:
+        yield registry
+    finally:
+        registry.stop()

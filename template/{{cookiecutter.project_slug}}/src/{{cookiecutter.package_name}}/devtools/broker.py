@@ -3,11 +3,17 @@
 
     python -m <pkg>.devtools.broker start --port 9092 --state .broker.json
     python -m <pkg>.devtools.broker address --state .broker.json
+    python -m <pkg>.devtools.broker registry-url --state .broker.json
     python -m <pkg>.devtools.broker stop --state .broker.json
 
 ``start`` writes the broker's pid and address to the state file; ``address`` prints the
 address of the broker it names if that broker is still running: how scripts/run_local.sh and
 scripts/produce.sh find the broker without its (random) port being pasted anywhere.
+
+``start`` also starts the development Schema Registry (:mod:`.registry`) beside the broker, and
+keeps its URL in the state file under ``schema_registry_url`` (its pid under ``registry_pid``);
+``registry-url`` prints it, ``stop`` stops both, each by its pid. The registry's data
+(``.broker.registry.json``) goes with ``stop``, as the broker's memory storage does.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from types import TracebackType
 from typing import Any
 
 from ..processes import pid_exists
+from .registry import LocalSchemaRegistry, RegistryError, is_registry_process
+from .registry import stop_pid as stop_registry_pid
 
 HOST = "127.0.0.1"
 
@@ -196,8 +204,11 @@ def _read_state(path: Path) -> dict[str, Any] | None:
 
 def _cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Start or stop the embedded Tansu broker.")
-    parser.add_argument("action", choices=["start", "stop", "address"])
+    parser.add_argument("action", choices=["start", "stop", "address", "registry-url"])
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
+    parser.add_argument(
+        "--registry-port", type=int, default=None, help="the schema registry's port (default: free)"
+    )
     parser.add_argument("--state", type=Path, default=Path(".broker.json"))
     args = parser.parse_args(argv)
     try:
@@ -222,6 +233,8 @@ def _cli(argv: list[str] | None = None) -> int:
             return 1
         print(state["bootstrap_servers"])
         return 0
+    if args.action == "registry-url":
+        return _print_registry_url(args.state, state)
     if args.action == "start":
         if state is not None and _running(state):
             print(
@@ -234,10 +247,33 @@ def _cli(argv: list[str] | None = None) -> int:
             args.port, log_path=args.state.with_suffix(".log"), detached=True
         ).start()
         assert broker.process is not None
+        registry = LocalSchemaRegistry(
+            args.registry_port,
+            data_path=_registry_data(args.state),
+            log_path=args.state.with_name(args.state.stem + ".registry.log"),
+            detached=True,
+        )
+        _registry_data(args.state).unlink(missing_ok=True)  # a new broker: a new registry
+        try:
+            registry.start()
+        except RegistryError as exc:
+            broker.stop()
+            print(f"error: the schema registry did not start: {exc}", file=sys.stderr)
+            return 1
+        assert registry.process is not None
         args.state.write_text(
-            json.dumps({"pid": broker.process.pid, "bootstrap_servers": broker.bootstrap_servers})
+            json.dumps(
+                {
+                    "pid": broker.process.pid,
+                    "bootstrap_servers": broker.bootstrap_servers,
+                    "schema_registry_url": registry.url,
+                    "registry_pid": registry.process.pid,
+                }
+            )
         )
         print(broker.bootstrap_servers)
+        # stdout stays the address alone (scripts capture it); the registry is named on stderr
+        print(f"schema registry: {registry.url}", file=sys.stderr)
         return 0
     if state is None:
         print(f"no broker state at {args.state}; nothing to stop", file=sys.stderr)
@@ -247,7 +283,40 @@ def _cli(argv: list[str] | None = None) -> int:
             os.kill(int(state["pid"]), signal.SIGTERM)
         except ProcessLookupError:
             pass
+    if state.get("registry_pid"):
+        stop_registry_pid(int(state["registry_pid"]))  # checks the pid is the registry's first
+    _registry_data(args.state).unlink(missing_ok=True)
     args.state.unlink()
+    return 0
+
+
+def _registry_data(state_path: Path) -> Path:
+    return state_path.with_name(state_path.stem + ".registry.json")
+
+
+def _print_registry_url(state_path: Path, state: dict[str, Any] | None) -> int:
+    if state is None:
+        print(
+            f"error: no broker started here ({state_path} does not exist): run "
+            "scripts/broker.sh start, or pass --registry-url",
+            file=sys.stderr,
+        )
+        return 1
+    if "schema_registry_url" not in state:
+        print(
+            f"error: the broker of {state_path} was started without a schema registry: "
+            "scripts/broker.sh stop, then scripts/broker.sh start",
+            file=sys.stderr,
+        )
+        return 1
+    if not is_registry_process(int(state.get("registry_pid", 0))):
+        print(
+            f"error: the schema registry of {state_path} (pid {state.get('registry_pid')}) is no "
+            "longer running: scripts/broker.sh stop, then scripts/broker.sh start",
+            file=sys.stderr,
+        )
+        return 1
+    print(state["schema_registry_url"])
     return 0
 
 
