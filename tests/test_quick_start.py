@@ -185,6 +185,7 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         "databricks.yml",
         "docs",
         "pyproject.toml",
+        "schemas",
         "scripts",
         "src",
         "tests",

@@ -48,7 +48,10 @@ import importlib, json, sys
 src, package, *paths = sys.argv[1:]
 sys.path.insert(0, src)
 config = importlib.import_module(package + ".config")
-print(json.dumps({p: config.load_config(p).model_dump(mode="json") for p in paths}))
+# conf/databricks.yaml of a project on Avro or Protobuf takes the registry URL from the job's
+# environment.
+environ = {"SCHEMA_REGISTRY_URL": "https://schema-registry.invalid"}
+print(json.dumps({p: config.load_config(p, environ).model_dump(mode="json") for p in paths}))
 """
 
 
@@ -393,6 +396,35 @@ def test_cluster_engine_answer_renders_a_project_whose_local_config_uses_it(
     assert bundle["bundle"]["name"] == rendered.answers["project_slug"]
 
 
+@pytest.mark.parametrize("value_format", ["avro", "protobuf"])
+def test_a_value_format_answer_renders_configs_that_decode_it_behind_a_registry(
+    tmp_path: Path, value_format: str
+) -> None:
+    rendered = render(tmp_path, extra_context={"value_format": value_format})
+
+    configs = assert_is_valid_project(rendered)
+
+    for name in ("local.yaml", "databricks.yaml"):
+        decoding = configs[name]["decoding"]
+        assert decoding["value"]["format"] == value_format, name
+        assert decoding["value"]["schema_file"] is None, name
+        assert decoding["schema_registry"]["url"], name
+    produce = (rendered.project / "scripts" / "produce.sh").read_text(encoding="utf-8")
+    assert f"--format {value_format}" in produce
+
+
+def test_the_default_project_decodes_json_against_its_schema_file(tmp_path: Path) -> None:
+    rendered = render(tmp_path)
+
+    configs = assert_is_valid_project(rendered)
+
+    for name in ("local.yaml", "databricks.yaml"):
+        value = configs[name]["decoding"]["value"]
+        assert value["format"] == "json", name
+        assert value["schema_file"].endswith("schemas/order_event.ddl"), name
+    assert (rendered.project / "schemas" / "order_event.ddl").is_file()
+
+
 # --- the hook's rules, called directly -----------------------------------------------------
 
 
@@ -424,9 +456,13 @@ def test_hook_accepts_every_default_answer() -> None:
         "checkpoint": "data/checkpoints/orders_stream",
         "pipeline_id": "orders-stream",
         "engine": "embedded",
+        "value_format": "json",
     }
 
     assert load_hook().validate(defaults) == []
+    assert load_hook().validate({"value_format": "thrift"}) == [
+        "value_format 'thrift' is not supported; choose one of: avro, json, protobuf."
+    ]
 
 
 @pytest.mark.parametrize(

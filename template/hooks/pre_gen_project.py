@@ -30,13 +30,18 @@ _ANSWERS_JSON = r"""
     "table": {{ cookiecutter.table | tojson }},
     "checkpoint": {{ cookiecutter.checkpoint | tojson }},
     "pipeline_id": {{ cookiecutter.pipeline_id | tojson }},
-    "engine": {{ cookiecutter.engine | tojson }}
+    "engine": {{ cookiecutter.engine | tojson }},
+    "value_format": {{ cookiecutter.value_format | tojson }}
 }
 """
 
 # The engine of conf/local.yaml (conf/databricks.yaml always uses "cluster"). Adding one means
 # adding it here, to cookiecutter.json's choices and to config.py's ENGINE_PRESETS.
 SUPPORTED_ENGINES = frozenset({"embedded", "cluster"})
+
+# The Kafka value's format in conf/*.yaml's decoding section: json against the project's
+# schema file, avro and protobuf in Confluent's framing behind a Schema Registry.
+SUPPORTED_VALUE_FORMATS = frozenset({"json", "avro", "protobuf"})
 
 # A package with one of these names would shadow (or be shadowed by) a module the generated
 # project imports: tests put src/ first on sys.path, so `import yaml` would load the project.
@@ -174,6 +179,13 @@ def _check_engine(value: str) -> str | None:
     return None
 
 
+def _check_value_format(value: str) -> str | None:
+    if value not in SUPPORTED_VALUE_FORMATS:
+        choices = ", ".join(sorted(SUPPORTED_VALUE_FORMATS))
+        return f"value_format {value!r} is not supported; choose one of: {choices}."
+    return None
+
+
 # One check per answer, each returning the first rule the answer breaks.
 CHECKS: dict[str, Check] = {
     "project_name": _check_project_name,
@@ -184,6 +196,7 @@ CHECKS: dict[str, Check] = {
     "kafka_bootstrap_servers": _check_bootstrap_servers,
     "pipeline_id": _check_pipeline_id,
     "engine": _check_engine,
+    "value_format": _check_value_format,
 }
 
 

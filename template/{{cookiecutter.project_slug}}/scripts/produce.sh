@@ -3,7 +3,8 @@
 # scripts/broker.sh started (its address is in .broker.json), or to --bootstrap-servers.
 #   scripts/produce.sh --topics {{ cookiecutter.topics | replace(' ', '') }} --records 10000 [--bootstrap-servers HOST:PORT]
 #   scripts/produce.sh --topics ... --format avro|protobuf [--evolve] [--registry-url URL]
-# --format json (the default) writes plain JSON; avro and protobuf write Confluent's wire format
+# --format {{ cookiecutter.value_format }} is this project's default (decoding.value.format in conf/).
+# json writes plain JSON; avro and protobuf write Confluent's wire format
 # with confluent-kafka's serializers against the Schema Registry scripts/broker.sh started (its
 # URL is in .broker.json too), or --registry-url. --evolve switches to the schema's second
 # version (an added optional field, channel) halfway through.
@@ -12,6 +13,11 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 BROKER=(python -m {{ cookiecutter.package_name }}.devtools.broker)
 ARGS=("$@")
+case " $* " in
+  *" --format"*) ;;
+  *) ARGS+=(--format {{ cookiecutter.value_format }})
+     set -- "$@" --format {{ cookiecutter.value_format }} ;;
+esac
 case " $* " in
   *" --bootstrap-servers"* | *" -h "* | *" --help "* | *" --write-descriptor-set"*) ;;
   *) ADDRESS="$("${BROKER[@]}" address --state .broker.json)"

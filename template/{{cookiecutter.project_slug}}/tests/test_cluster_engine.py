@@ -277,6 +277,7 @@ def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_t
     data["kafka"]["topics"] = new_topics(1)
     data["delta"]["table"] = str(tmp_path / "table")
     data["checkpoint"] = str(tmp_path / "checkpoint")
+    data["decoding"]["value"]["schema_file"] = str(project / "schemas" / "order_event.ddl")
     (tmp_path / "conf").mkdir()
     config = tmp_path / "conf" / "local.yaml"
     config.write_text(yaml.safe_dump(data))

@@ -39,6 +39,10 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
     # The dead-letter table too: a run (or `offsets show`) from another folder finds it.
     assert cfg.dead_letter_table is not None
     assert Path(cfg.dead_letter_table).is_relative_to(PROJECT)
+    # JSON decoded in the read task against the project's schema file, found from anywhere.
+    assert cfg.decoding.value.format == "json"
+    assert cfg.decoding.value.schema_file == str(PROJECT / "schemas" / "order_event.ddl")
+    assert Path(cfg.decoding.value.schema_file).is_file()
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,40 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
         (lambda d: d.update(engine={"source": "embedded", "sink": "hive"}), "engine.sink"),
         (lambda d: d["delta"].update(mode="upsert"), "needs merge_keys"),
         (lambda d: d["delta"].update(merge_keys=["id"]), "only apply to mode: upsert"),
+        (lambda d: d["delta"].update(schema_evolution="sometimes"), "delta.schema_evolution"),
+        (
+            lambda d: d.update(decoding={"value": {"format": "avro"}}),
+            "framing confluent (the schema id in each record) needs schema_registry.url",
+        ),
+        (
+            lambda d: d.update(decoding={"value": {"format": "avro", "schema_file": "e.ddl"}}),
+            "is not a avro schema: expected a file ending in .avsc",
+        ),
+        (
+            lambda d: d.update(decoding={"value": {"format": "protobuf", "schema_file": "e.desc"}}),
+            "needs message",
+        ),
+        (
+            lambda d: d.update(decoding={"value": {"format": "json", "framing": "none"}}),
+            "with framing none needs schema_file",
+        ),
+        (
+            lambda d: d.update(decoding={"value": {"format": "raw", "schema_file": "e.ddl"}}),
+            "format raw takes no schema_file",
+        ),
+        (
+            lambda d: d.update(decoding={"key": {"format": "avro", "schema_file": "k.avsc"}}),
+            "decoding the key needs the value decoded too",
+        ),
+        (
+            lambda d: d.update(
+                decoding={
+                    "value": {"format": "avro"},
+                    "schema_registry": {"url": "http://127.0.0.1:1", "auth": "basic"},
+                }
+            ),
+            "auth basic needs user_env and password_env",
+        ),
         (lambda d: d["kafka"].update(jvm_client={"kafka.security.protocol": "SSL"}), "prefix"),
         (lambda d: d["metrics"].update(exporter="prometheus"), "metrics.exporter"),
         (lambda d: d["metrics"].update(exporter=False), "metrics.exporter"),  # YAML's `off`

@@ -63,9 +63,10 @@ def transform(df):
 
 
 def _slow_project(tmp_path: Path, bootstrap: str, topic: str) -> tuple[Path, Path]:
-    """A copy of this project (src, scripts, conf) with the slow transform, and its config."""
+    """A copy of this project (src, scripts, conf, schemas) with the slow transform, and its
+    config."""
     root = tmp_path / "project"
-    for part in ("src", "scripts", "conf"):
+    for part in ("src", "scripts", "conf", "schemas"):
         shutil.copytree(PROJECT / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
     with (root / "src" / PACKAGE / "transform.py").open("a", encoding="utf-8") as out:
         out.write(SLOW_TRANSFORM)

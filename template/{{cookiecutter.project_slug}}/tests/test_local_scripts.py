@@ -44,6 +44,8 @@ def _config(tmp_path: Path, bootstrap: str, topic: str, engine: object) -> Path:
     conf["delta"]["table"] = str(tmp_path / "table")
     conf["dead_letters"]["table"] = str(tmp_path / "dead_letters")
     conf["checkpoint"] = str(tmp_path / "checkpoint")
+    # The config moves out of the project: its schema file is named where it is.
+    conf["decoding"]["value"]["schema_file"] = str(PROJECT / "schemas" / "order_event.ddl")
     path = tmp_path / "conf" / "local.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(conf), encoding="utf-8")

@@ -46,6 +46,8 @@ def _project_config(tmp_path: Path, **changes: object) -> Path:
     conf["delta"]["table"] = str(tmp_path / "table")
     conf["dead_letters"]["table"] = str(tmp_path / "dead_letters")
     conf["checkpoint"] = str(tmp_path / "checkpoint")
+    # The config moves out of the project: its schema file is named where it is.
+    conf["decoding"]["value"]["schema_file"] = str(PROJECT / "schemas" / "order_event.ddl")
     for dotted, value in changes.items():
         node = conf
         *parents, leaf = dotted.split(".")

@@ -126,3 +126,29 @@ def test_parse_json_values_is_a_reusable_transform_factory(spark) -> None:
         "_error string",
     )
     assert_df_equality(df.transform(parse_json_values(schema)), expected, ignore_nullable=True)
+
+
+def test_on_decoded_records_the_transform_keeps_every_value_column_and_drops_kafka_plumbing(
+    spark,
+) -> None:
+    """With ``decoding.value.format`` json/avro/protobuf the read task already parsed the value:
+    the transform passes its columns on, a field the producers added included."""
+    decoded = spark.createDataFrame(
+        [
+            (1, "created", "web", b"k", "orders", 0, 7, KAFKA_TS, 0, None, None, None, None),
+            (None, None, None, b"k", "orders", 0, 8, KAFKA_TS, 0, None, "bad", None, b"\x01"),
+        ],
+        "id long, event_type string, channel string, key binary, topic string, partition int, "
+        "offset long, timestamp timestamp, timestampType int, "
+        "headers array<struct<key: string, value: binary>>, _error string, _raw_key binary, "
+        "_raw_value binary",
+    )
+    expected = spark.createDataFrame(
+        [
+            (1, "created", "web", "orders", 0, 7, KAFKA_TS, None),
+            (None, None, None, "orders", 0, 8, KAFKA_TS, "bad"),
+        ],
+        "id long, event_type string, channel string, topic string, partition int, offset long, "
+        "kafka_timestamp timestamp, _error string",
+    )
+    assert_df_equality(transform(decoded), expected, ignore_nullable=True)

@@ -134,6 +134,9 @@ class DeltaConfig(_Model):
     # it, an older version arriving later never overwrites a newer row; without it, the later
     # Kafka record wins (records of one key share a partition when keyed by it).
     order_by: str | None = None
+    # A batch with columns the table lacks (a producer added a field): add_columns adds them,
+    # nullable, before the batch's commit (rows written before read null); fail stops the run.
+    schema_evolution: Literal["add_columns", "fail"] = "add_columns"
 
     @field_validator("merge_keys")
     @classmethod
@@ -158,6 +161,116 @@ class DeltaConfig(_Model):
             raise ValueError("mode upsert needs merge_keys: the columns that identify a row")
         if self.mode == "append" and (self.merge_keys or self.order_by):
             raise ValueError("merge_keys and order_by only apply to mode: upsert")
+        return self
+
+
+# What a schema file's suffix says it holds, per format.
+SCHEMA_FILE_SUFFIXES: dict[str, tuple[str, ...]] = {
+    # A Spark DDL string ("id BIGINT NOT NULL, ...") or a JSON Schema document.
+    "json": (".ddl", ".sql", ".json"),
+    "avro": (".avsc",),
+    # A descriptor set: protoc --include_imports --descriptor_set_out=<file>.desc <file>.proto
+    "protobuf": (".desc", ".pb", ".protoset"),
+}
+
+
+class SchemaRegistryConfig(_Model):
+    """A Confluent-compatible Schema Registry (Confluent, Karapace, Redpanda, Apicurio's
+    ccompat API; the project's devtools registry for development). Credentials are never in
+    the config: it names the environment variables that hold them, read by each process that
+    talks to the registry."""
+
+    url: str = Field(min_length=1)
+    auth: Literal["none", "basic", "bearer"] = "none"
+    user_env: str | None = None
+    password_env: str | None = None
+    token_env: str | None = None
+    ca_location: str | None = None
+    cert_location: str | None = None
+    key_location: str | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # How long a run waits for a registry that is down (unreachable, 5xx) before it stops
+    # with exit code 4: its batch waits uncommitted, and tries again after 1, 2, 4 ... 60 s.
+    retry_seconds: float = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _credentials_named(self) -> SchemaRegistryConfig:
+        if self.auth == "basic" and not (self.user_env and self.password_env):
+            raise ValueError(
+                "auth basic needs user_env and password_env: the names of the environment "
+                "variables holding the user and the password"
+            )
+        if self.auth == "bearer" and not self.token_env:
+            raise ValueError("auth bearer needs token_env: the environment variable of the token")
+        return self
+
+
+class FormatConfig(_Model):
+    """How the Kafka value (or key) is decoded, in the read task, before the transform."""
+
+    # raw: the bytes as Spark's kafka source gives them (the transform parses them itself).
+    format: Literal["json", "avro", "protobuf", "raw"] = "raw"
+    # A schema file of the project; without one the schema comes from the registry.
+    schema_file: str | None = Field(default=None, min_length=1)
+    # protobuf: the message's full name in the descriptor set (package.Message).
+    message: str | None = Field(default=None, min_length=1)
+    # confluent: magic byte 0 + 4-byte schema id (+ message indexes for protobuf), or the id
+    # in a __value_schema_id / __key_schema_id header. none: plain bytes of schema_file.
+    # Default: confluent without a schema file, none with one.
+    framing: Literal["confluent", "none"] | None = None
+
+    @property
+    def effective_framing(self) -> str:
+        if self.framing is not None:
+            return self.framing
+        return "none" if self.schema_file else "confluent"
+
+    @model_validator(mode="after")
+    def _schema_source(self) -> FormatConfig:
+        if self.format == "raw":
+            if self.schema_file or self.message or self.framing:
+                raise ValueError("format raw takes no schema_file, message or framing")
+            return self
+        if self.schema_file is not None:
+            suffixes = SCHEMA_FILE_SUFFIXES[self.format]
+            if not self.schema_file.lower().endswith(suffixes):
+                raise ValueError(
+                    f"schema_file {self.schema_file!r} is not a {self.format} schema: "
+                    f"expected a file ending in {' or '.join(suffixes)}"
+                )
+        if self.format == "protobuf" and self.schema_file and not self.message:
+            raise ValueError(
+                "format protobuf with a schema_file needs message: the full name of the "
+                "message in the descriptor set"
+            )
+        if self.effective_framing == "none" and not self.schema_file:
+            raise ValueError(
+                f"format {self.format} with framing none needs schema_file: without the schema "
+                "id in the record, the schema must come from the project"
+            )
+        return self
+
+
+class DecodingConfig(_Model):
+    value: FormatConfig = FormatConfig()
+    # None: the key stays the raw bytes (column `key`).
+    key: FormatConfig | None = None
+    schema_registry: SchemaRegistryConfig | None = None
+
+    @model_validator(mode="after")
+    def _registry_when_framed(self) -> DecodingConfig:
+        if self.key is not None and self.key.format != "raw" and self.value.format == "raw":
+            raise ValueError(
+                "key: decoding the key needs the value decoded too (value.format json, avro "
+                "or protobuf); with a raw value the transform parses both"
+            )
+        for name, fmt in (("value", self.value), ("key", self.key)):
+            if fmt is not None and fmt.format != "raw" and fmt.effective_framing == "confluent":
+                if self.schema_registry is None:
+                    raise ValueError(
+                        f"{name}: framing confluent (the schema id in each record) needs "
+                        "schema_registry.url, or give schema_file with framing: none"
+                    )
         return self
 
 
@@ -255,6 +368,7 @@ class PipelineConfig(_Model):
     kafka: KafkaConfig
     delta: DeltaConfig
     checkpoint: str = Field(min_length=1)
+    decoding: DecodingConfig = DecodingConfig()
     dead_letters: DeadLetterConfig = DeadLetterConfig()
     trigger: TriggerConfig = TriggerConfig()
     commit_back: CommitBackConfig = CommitBackConfig()
@@ -387,5 +501,10 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> P
             "progress.path": cfg.progress.path and _resolve(cfg.progress.path, root),
             # None (the default, <table>_dead_letters) is left as it is by with_overrides.
             "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
+            "decoding.value.schema_file": cfg.decoding.value.schema_file
+            and _resolve(cfg.decoding.value.schema_file, root),
+            "decoding.key.schema_file": cfg.decoding.key
+            and cfg.decoding.key.schema_file
+            and _resolve(cfg.decoding.key.schema_file, root),
         }
     )

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from .faults import crash_point
@@ -108,9 +108,21 @@ def dead_letter_records(df: DataFrame, dead: pa.Table) -> DataFrame:
         dead.select([*POSITION, DEAD_LETTER_COLUMN]).to_pylist(),
         f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string",
     ).withColumnRenamed(DEAD_LETTER_COLUMN, "error")
-    return df.join(F.broadcast(positions), POSITION, "inner").select(
-        *DEAD_LETTER_KAFKA_COLUMNS, "error"
-    )
+    joined = df.join(F.broadcast(positions), POSITION, "inner")
+    return joined.select(*(_original(joined, c) for c in DEAD_LETTER_KAFKA_COLUMNS), "error")
+
+
+def _original(df: DataFrame, column: str) -> Column:
+    """``column`` as the Kafka record had it. A decoded batch (:mod:`.decoding`) no longer
+    carries the value's bytes (nor the key's, when the key is decoded): the decoder keeps them
+    in ``_raw_value`` / ``_raw_key`` for the records it could not decode; a record the
+    transform rejects after decoding keeps its position, and its bytes stay in Kafka."""
+    raw = f"_raw_{column}"
+    if column not in ("key", "value") or raw not in df.columns:
+        return F.col(column)
+    if column in df.columns and dict(df.dtypes)[column] == "binary":
+        return F.coalesce(F.col(raw), F.col(column)).alias(column)
+    return F.col(raw).alias(column)
 
 
 def positions_held(

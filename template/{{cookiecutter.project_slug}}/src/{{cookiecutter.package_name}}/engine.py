@@ -27,12 +27,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from .offsets import BatchCommit, Offsets, StoredOffsets
+
+if TYPE_CHECKING:
+    from .decoding.spec import DecodeSpec
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,9 @@ class WriteMode:
     kind: str = "append"
     keys: tuple[str, ...] = ()
     order_by: str | None = None
+    # Columns the batch has and the table lacks are added (nullable) with the batch's commit,
+    # or before it where the engine cannot do both in one (``delta.schema_evolution``).
+    add_columns: bool = True
 
     def merge_predicate(self, source: str = "s", target: str = "t") -> str:
         """SQL join condition of the MERGE (Spark and delta-rs both read backtick quoting)."""
@@ -129,12 +135,17 @@ class Source(Protocol):
     new_partitions_start_at_stored_offsets: bool
 
     def stream(
-        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
     ) -> DataFrame:
         """The streaming DataFrame of Spark's kafka columns (key, value, topic, partition,
         offset, timestamp, timestampType, headers), starting at ``stored`` when the checkpoint
         is new; ``resuming``: the checkpoint already holds a plan (Spark ignores starting
-        offsets then)."""
+        offsets then). With ``decode``, the records decoded by it (:mod:`.decoding`): typed
+        value columns, the Kafka columns, ``_error`` and the original bytes of bad records."""
         ...
 
 

@@ -28,7 +28,12 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
             f"Spark session does not have. On Databricks they are built in; locally run "
             f"{local}, or use engine: embedded."
         )
-    mode = WriteMode(config.delta.mode, config.delta.merge_keys, config.delta.order_by)
+    mode = WriteMode(
+        config.delta.mode,
+        config.delta.merge_keys,
+        config.delta.order_by,
+        add_columns=config.delta.schema_evolution == "add_columns",
+    )
     dead_table = config.dead_letter_table
     source: Source
     if config.engine.source == "embedded":

@@ -11,8 +11,9 @@ Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
 ``after_dead_letters`` (dead letters committed, main commit not yet), ``after_data_files``
 (delta-rs sink: the batch's Parquet files are written, not yet committed), ``after_delta_commit``
 (the batch is in Delta; Spark has not recorded it), ``before_commit_copy`` (delta-spark sink:
-the batch is in Delta, the copy of its commit record not yet written), ``in_commit_back`` (the
-hook is about to commit to the group).
+the batch is in Delta, the copy of its commit record not yet written), ``after_add_columns``
+(delta-rs sink: the columns a new writer schema brought are committed, the batch is not),
+``in_commit_back`` (the hook is about to commit to the group).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ POINTS = frozenset(
         "before_delta_commit",
         "after_dead_letters",
         "after_data_files",
+        "after_add_columns",
         "after_delta_commit",
         "before_commit_copy",
         "in_commit_back",

@@ -77,6 +77,10 @@ class StopGate:
         """Ask for a stop after the current micro-batch (safe from a signal handler)."""
         self._requested.set()
 
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` between two queries; True as soon as a stop is requested."""
+        return self._requested.wait(seconds)
+
     def enter(self) -> None:
         with self._lock:
             if self._stopping:

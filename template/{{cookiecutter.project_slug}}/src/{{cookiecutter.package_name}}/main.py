@@ -43,6 +43,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumer-group", help="override kafka.consumer_group")
     parser.add_argument("--table", help="override delta.table (path or URI)")
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
+    parser.add_argument(
+        "--schema-registry-url", help="override decoding.schema_registry.url (Avro, Protobuf)"
+    )
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -125,12 +128,59 @@ def _started_broker(config_path: Path, configured: str) -> str | None:
     return address
 
 
+# The registry address the template's local config ships with (a project on Avro or Protobuf):
+# replaced by the one scripts/broker.sh started, when there is one.
+_LOCAL_REGISTRY = frozenset({"http://127.0.0.1:8081", "http://localhost:8081"})
+
+
+def _started_registry(config_path: Path, configured: str) -> str | None:
+    """The URL of the Schema Registry ``scripts/broker.sh start`` recorded in ``.broker.json``
+    beside its broker, when the config names the default local address and it still runs."""
+    if configured.rstrip("/") not in _LOCAL_REGISTRY:
+        return None
+    root = config_path.resolve().parent
+    if root.name == "conf":
+        root = root.parent
+    state_path = root / ".broker.json"
+    if not state_path.is_file():
+        return None
+    from .devtools.broker import BrokerError, _read_state
+    from .processes import pid_exists
+
+    try:
+        state = _read_state(state_path)
+    except BrokerError:
+        return None
+    url, pid = (state or {}).get("schema_registry_url"), (state or {}).get("registry_pid")
+    if not url or not isinstance(pid, int) or not pid_exists(pid):
+        return None
+    print(
+        f"using the Schema Registry scripts/broker.sh started, at {url} ({state_path}; "
+        "--schema-registry-url overrides)",
+        file=sys.stderr,
+    )
+    return str(url)
+
+
+def _registry_override(args: argparse.Namespace, path: Path, config: PipelineConfig) -> dict:
+    registry = config.decoding.schema_registry
+    url = getattr(args, "schema_registry_url", None)
+    if url is None and registry is not None:
+        url = _started_registry(path, registry.url)
+    if url is None:
+        return {}
+    if registry is None:
+        return {"decoding.schema_registry": {"url": url}}
+    return {"decoding.schema_registry.url": url}
+
+
 def build_config(args: argparse.Namespace) -> PipelineConfig:
     # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
     path = _config_path(args)
     config = load_config(path, environ=os.environ)
     bootstrap = args.bootstrap_servers or _started_broker(path, config.kafka.bootstrap_servers)
     return config.with_overrides(
+        **_registry_override(args, path, config),
         **{
             "kafka.bootstrap_servers": bootstrap,
             "kafka.consumer_group": args.consumer_group,
@@ -140,7 +190,7 @@ def build_config(args: argparse.Namespace) -> PipelineConfig:
             "trigger.mode": getattr(args, "trigger", None) and args.trigger.replace("-", "_"),
             "kafka.max_records_per_trigger": getattr(args, "max_records_per_trigger", None),
             "engine": getattr(args, "engine", None),
-        }
+        },
     )
 
 
@@ -322,8 +372,10 @@ def main(argv: list[str] | None = None) -> int:
 
 # Exit codes: 0 done; 1 failed; 2 bad input, or a state the run refuses (one sentence, nothing
 # written); 3 fenced: another run of the pipeline, or an operator, moved the table's offsets
-# while this run was in a batch (nothing of the batch was written; a restart recovers).
-EXIT_FAILED, EXIT_REFUSED, EXIT_FENCED = 1, 2, 3
+# while this run was in a batch (nothing of the batch was written; a restart recovers);
+# 4 unavailable: a service the run needs (the Schema Registry) stayed down through the run's
+# retries (nothing of the batch was written; start again once it is back).
+EXIT_FAILED, EXIT_REFUSED, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
 # Expected outcomes: the exception's own sentence is the whole report.
 _EXPECTED = {
     "FencingError": EXIT_FENCED,
@@ -331,6 +383,13 @@ _EXPECTED = {
     "OffsetsExpiredError": EXIT_REFUSED,
     "DeadLetterError": EXIT_REFUSED,
     "TopicRecreatedError": EXIT_REFUSED,
+    # The producers' schema changed in a way the table cannot follow, or gained fields with
+    # delta.schema_evolution: fail; a schema file or registry answer that cannot be used.
+    "SchemaIncompatibleError": EXIT_REFUSED,
+    "SchemaChangedError": EXIT_REFUSED,
+    "SchemaFileError": EXIT_REFUSED,
+    "SchemaMismatchError": EXIT_REFUSED,
+    "RegistryUnavailableError": EXIT_UNAVAILABLE,
 }
 
 

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -27,6 +27,7 @@ from .checkpoint import CheckpointLog, CheckpointMismatchError
 from .commit_back import CommitBackStats, OffsetCommitter
 from .config import PipelineConfig
 from .dead_letters import DeadLetterError, DeadLetterQueue
+from .decoding.failures import registry_down, schema_changed
 from .engine import Engine, Sink, SinkResult
 from .engine_factory import build_engine
 from .faults import crash_point
@@ -43,6 +44,23 @@ from .upsert import latest_per_key
 log = logging.getLogger(__name__)
 
 Transform = Callable[[DataFrame], DataFrame]
+
+
+def registry_backoff(total_s: float) -> list[float]:
+    """Waits before a query that failed on an unreachable Schema Registry starts again: 1, 2,
+    4 ... 60 s, as many as fit in ``total_s``; then the run stops with the registry's sentence.
+
+    >>> registry_backoff(10)
+    [1.0, 2.0, 4.0]
+    """
+    waits: list[float] = []
+    wait, spent = 1.0, 0.0
+    while spent + wait <= total_s:
+        waits.append(wait)
+        spent += wait
+        wait = min(60.0, wait * 2)
+    return waits
+
 
 __all__ = [
     "CheckpointMismatchError",
@@ -133,6 +151,9 @@ class Pipeline:
         # deleted and created again since (read from their start when allowed).
         self._topic_ids: dict[str, str] = {}
         self._recreated: set[str] = set()
+        # Writer schemas (registry ids) seen in records whose fields the decoder's reader
+        # schema lacked: the next query's reader schema includes them (schema evolution).
+        self._writer_schema_ids: set[int] = set()
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -240,7 +261,15 @@ class Pipeline:
             self.committer.submit(
                 -1 if stored.batch_id is None else stored.batch_id, stored.offsets
             )
-        stream = self.engine.source.stream(self.spark, stored, resuming=self.checkpoint.has_plan())
+        decode = None
+        if self.config.decoding.value.format != "raw":
+            # Only then: a project on raw bytes never imports the decoders' libraries.
+            from .decoding.resolve import build_decode_spec
+
+            decode = build_decode_spec(self.spark, self.config, self._writer_schema_ids)
+        stream = self.engine.source.stream(
+            self.spark, stored, resuming=self.checkpoint.has_plan(), decode=decode
+        )
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
@@ -520,24 +549,69 @@ class Pipeline:
         with RunLease.hold(self.config, lambda: self._query.id if self._query else None):
             return self._run()
 
+    def _run_query(self, query: StreamingQuery) -> None:
+        while query.isActive:
+            if self._gate.requested and self._gate.stop_when_safe(query):
+                break
+            # Once stopping, look often: the gap between Spark recording a batch and
+            # planning the next one is where the stop belongs.
+            query.awaitTermination(0.005 if self._gate.requested else 0.5)
+        try:
+            query.awaitTermination()  # re-raises the query's failure, if any
+        except Exception as exc:
+            if not self._gate.stopped_by_gate(exc):
+                raise
+            log.info("a batch planned while stopping was left for the next run")
+
+    def _restart_after(self, exc: Exception, registry_waits: Iterator[float]) -> bool:
+        """Whether the query that failed with ``exc`` starts again in this run. The batch it
+        failed in committed nothing (decoding runs before the commit), so Spark plans it again
+        from the checkpoint's offset log, and it lands exactly once:
+
+        - the producers' schema gained fields (delta.schema_evolution: add_columns): the
+          query restarts with a reader schema that holds them; the sink adds the columns;
+        - the Schema Registry is unreachable: the query restarts after a wait that grows,
+          until the waits are used up (then the run stops with the registry's sentence).
+        """
+        if self._gate.requested:
+            return False
+        changed = schema_changed(exc)
+        if changed is not None and self.config.delta.schema_evolution == "add_columns":
+            fields, schema_id = changed
+            if schema_id is not None and schema_id in self._writer_schema_ids:
+                return False  # the wider schema did not take: never loop
+            if schema_id is not None:
+                self._writer_schema_ids.add(schema_id)
+            log.warning(
+                "the producers' schema gained field(s) %s%s: the batch was not committed; "
+                "restarting the query with them (delta.schema_evolution: add_columns)",
+                ", ".join(fields),
+                "" if schema_id is None else f" (schema id {schema_id})",
+            )
+            return True
+        down = registry_down(exc)
+        if down is not None:
+            wait = next(registry_waits, None)
+            if wait is None:
+                return False
+            log.warning("%s: the batch was not committed; retrying in %.0f s", down, wait)
+            return not self._gate.wait(wait)  # a stop requested while waiting ends the run
+        return False
+
     def _run(self) -> RunSummary:
         if self._gate.requested:
             log.info("stop requested before the query started: nothing to do")
             return self.summary
-        query = self.start()
+        registry = self.config.decoding.schema_registry
+        registry_waits = iter(registry_backoff(registry.retry_seconds if registry else 0))
         try:
-            while query.isActive:
-                if self._gate.requested and self._gate.stop_when_safe(query):
-                    break
-                # Once stopping, look often: the gap between Spark recording a batch and
-                # planning the next one is where the stop belongs.
-                query.awaitTermination(0.005 if self._gate.requested else 0.5)
-            try:
-                query.awaitTermination()  # re-raises the query's failure, if any
-            except Exception as exc:
-                if not self._gate.stopped_by_gate(exc):
-                    raise
-                log.info("a batch planned while stopping was left for the next run")
+            while True:
+                try:
+                    self._run_query(self.start())
+                    return self.summary
+                except Exception as exc:
+                    if not self._restart_after(exc, registry_waits):
+                        raise
         finally:
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()
@@ -546,4 +620,3 @@ class Pipeline:
                     listener.on_run_end(self.summary.commit_back)
                 except Exception as exc:
                     log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
-        return self.summary

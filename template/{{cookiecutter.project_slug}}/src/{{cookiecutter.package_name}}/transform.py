@@ -1,9 +1,11 @@
 """The project's own logic: a pure ``DataFrame -> DataFrame`` applied to every micro-batch.
 
-Replace :func:`transform` with yours. It receives the Kafka columns (key, value, topic,
-partition, offset, timestamp, timestampType, headers) and returns the rows to append to the
-Delta table. Keep it free of side effects: a batch may be re-run after a crash, and exactly-once
-relies on the same input giving the same output.
+Replace :func:`transform` with yours. It receives the decoded value's columns (``decoding:`` in
+the config), the Kafka columns (key, topic, partition, offset, timestamp, timestampType,
+headers) and ``_error``; with ``decoding.value.format: raw``, Spark's Kafka columns (key, value,
+topic, ...) as they are. It returns the rows to append to the Delta table. Keep it free of
+side effects: a batch may be re-run after a crash, and exactly-once relies on the same input
+giving the same output.
 
 Dead letters: a row whose ``_error`` column (:data:`DEAD_LETTER_COLUMN`) is not null is not
 appended to the table. The pipeline writes the original Kafka record (topic, partition,
@@ -94,6 +96,21 @@ def parse_json_values(
     return _parse
 
 
+# Columns of a decoded batch that are Kafka's plumbing rather than the table's.
+_DECODER_ONLY_COLUMNS = ("key", "timestampType", "headers", "_raw_key", "_raw_value")
+
+
+def decoded_events(df: DataFrame) -> DataFrame:
+    """A decoded batch (``decoding.value.format`` json, avro or protobuf): its value columns,
+    whatever the producers' schema holds today (a field the producers add flows through to
+    the table), where each record came from, and ``_error`` as the decoder set it."""
+    return df.drop(*_DECODER_ONLY_COLUMNS).withColumnRenamed("timestamp", "kafka_timestamp")
+
+
 def transform(df: DataFrame) -> DataFrame:
-    """Sample transform: JSON order events into typed columns; ``id`` is required."""
+    """Sample transform: order events as typed columns. The decoder (``decoding:`` in the
+    config) already parsed them; with ``decoding.value.format: raw`` the JSON is parsed here,
+    with ``id`` required."""
+    if DEAD_LETTER_COLUMN in df.columns:
+        return decoded_events(df)
     return df.transform(parse_json_values(EVENT_SCHEMA, required=("id",)))

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
 
 
 def append_options(commit: BatchCommit) -> dict[str, str]:
@@ -68,15 +69,20 @@ def append_options(commit: BatchCommit) -> dict[str, str]:
 
 
 @contextmanager
-def delta_txn_confs(spark: SparkSession, commit: BatchCommit) -> Iterator[None]:
+def delta_txn_confs(
+    spark: SparkSession, commit: BatchCommit, add_columns: bool = False
+) -> Iterator[None]:
     """Session confs for a DML command (MERGE) that has no writer options: set for the block,
     then restored to what they were (unset when they were unset), also on failure, so no later
-    write of the session is mistaken for this batch."""
+    write of the session is mistaken for this batch. ``add_columns``: the MERGE adds the
+    source's new columns to the table (Delta's schema auto-merge), in the same commit."""
     values = {
         TXN_APP_ID_CONF: fence_app_id(commit.pipeline_id),
         TXN_VERSION_CONF: str(commit.seq),
         USER_METADATA_CONF: commit.user_metadata(),
     }
+    if add_columns:
+        values[AUTO_MERGE_CONF] = "true"
     before = {key: spark.conf.get(key, None) for key in values}
     try:
         for key, value in values.items():
@@ -176,14 +182,18 @@ class DeltaSparkSink:
                     .whenMatchedUpdateAll(condition=self.mode.update_predicate())
                     .whenNotMatchedInsertAll()
                 )
-                with delta_txn_confs(self.spark, commit):
+                with delta_txn_confs(self.spark, commit, self.mode.add_columns):
                     merge.execute()
             else:
                 # An append; for an upsert also its first batch and an empty one, which must
                 # still commit its offsets.
-                frame.write.format("delta").mode("append").options(**append_options(commit)).save(
-                    self.table_uri
+                writer = (
+                    frame.write.format("delta").mode("append").options(**append_options(commit))
                 )
+                if self.mode.add_columns:
+                    # New columns join the table in the batch's own commit.
+                    writer = writer.option("mergeSchema", "true")
+                writer.save(self.table_uri)
         except Exception as exc:
             if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
                 raise

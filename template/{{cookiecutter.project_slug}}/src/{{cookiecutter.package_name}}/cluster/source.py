@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import KafkaConfig
 from ..kafka_admin import KafkaAdmin
 from ..offsets import Offsets, StoredOffsets, offsets_to_json
+
+if TYPE_CHECKING:
+    from ..decoding.spec import DecodeSpec
 
 # Spark's kafka source: -2 in startingOffsets JSON means a partition's earliest offset, -1 its
 # latest.
@@ -90,11 +94,21 @@ class SparkKafkaSource:
         return starting_offsets(stored.offsets, partitions, self.kafka.starting_offsets)
 
     def stream(
-        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
     ) -> DataFrame:
         try:
             parallelism = spark.sparkContext.defaultParallelism
         except Exception:  # Spark Connect has no SparkContext
             parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
         options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
-        return spark.readStream.format("kafka").options(**options).load()
+        df = spark.readStream.format("kafka").options(**options).load()
+        if decode is None:
+            return df
+        # The same decoder as the embedded source's read task, in the executors.
+        from ..decoding.frames import decode_frame
+
+        return decode_frame(df, decode)

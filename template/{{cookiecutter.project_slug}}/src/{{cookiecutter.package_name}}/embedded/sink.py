@@ -195,8 +195,32 @@ class DeltaRsSink:
             return batch
         check_table_supported(table)
         schema = pa.schema(table.schema().to_arrow())
+        if self.mode.add_columns:
+            schema = self._add_columns(table, batch, schema)
         check_batch_schema(batch, schema, self.table_uri)
         return schema
+
+    def _add_columns(self, table: DeltaTable, batch: pa.Schema, schema: pa.Schema) -> pa.Schema:
+        """The table's schema with the batch's new columns added (nullable), by a commit of
+        its own before the batch's files are written: delta-rs's append commit cannot change
+        the schema (its Metadata action is only written on overwrite). The commit is
+        idempotent: a crash between it and the batch's commit leaves columns that the rerun
+        finds in place, and rows written before read null in them. A column the table has
+        and the batch lacks is left to :func:`check_batch_schema`."""
+        new = [f for f in batch if f.name not in schema.names]
+        if not new:
+            return schema
+        from deltalake import Field
+
+        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
+        log.info(
+            "table %s gains column(s) %s (delta.schema_evolution: add_columns)",
+            self.table_uri,
+            ", ".join(f"{f.name} {f.type}" for f in new),
+        )
+        crash_point("after_add_columns")
+        table.update_incremental()
+        return pa.schema(table.schema().to_arrow())
 
     def _target(self, table: DeltaTable | None, schema: pa.Schema) -> FileTarget:
         stats_columns = DEFAULT_STATS_COLUMNS
@@ -289,6 +313,7 @@ class DeltaRsSink:
         merger = table.merge(
             source=data,
             predicate=self.mode.merge_predicate(),
+            merge_schema=self.mode.add_columns,
             source_alias="s",
             target_alias="t",
             commit_properties=properties,

@@ -14,8 +14,10 @@ Options (all strings, as Spark passes them):
 offsets that win over startingOffsets, e.g. read back from the Delta table),
 ``maxRecordsPerTrigger``, ``readTasks`` (how many read tasks a micro-batch runs: offset
 ranges are split or grouped to this many; the driver passes Spark's default parallelism),
-``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000), and
-``kafkaConfig`` (JSON object of extra librdkafka settings).
+``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000),
+``kafkaConfig`` (JSON object of extra librdkafka settings), and ``decodeSpec`` (a
+:class:`..decoding.spec.DecodeSpec` as JSON: the read task decodes the records into typed
+columns, and the source's schema is the decoder's output instead of the Kafka columns).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class SourceOptions:
     fail_on_data_loss: bool
     poll_timeout_ms: int
     kafka_config: dict[str, str]
+    decode_spec: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -126,6 +129,7 @@ class SourceOptions:
             fail_on_data_loss=(get("failOnDataLoss", "true") or "").lower() == "true",
             poll_timeout_ms=int(get("pollTimeoutMs", "120000") or "120000"),
             kafka_config={str(k): str(v) for k, v in json.loads(get("kafkaConfig", "{}")).items()},
+            decode_spec=get("decodeSpec"),
         )
 
     def client_config(self) -> dict[str, str]:
@@ -405,8 +409,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReadTask)
+        if self.options.decode_spec is None:
+            for offsets in partition.ranges:
+                yield from read_range(offsets)
+            return
+        # Decoded here, in the read task: Spark receives typed columns, never the raw bytes.
+        from ..decoding.decoder import decoder_for
+
+        decoder = decoder_for(self.options.decode_spec)
         for offsets in partition.ranges:
-            yield from read_range(offsets)
+            for batch in read_range(offsets):
+                yield decoder.decode(batch)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Deliberately empty: Spark calls this in the planning process after its commit log is
@@ -601,8 +614,14 @@ class KafkaDataSource(DataSource):
     def name(cls) -> str:
         return SOURCE_NAME
 
-    def schema(self) -> str:
-        return SCHEMA
+    def schema(self) -> str | StructType:
+        spec = self.options.get("decodeSpec")
+        if not spec:
+            return SCHEMA
+        from ..decoding.frames import spark_schema
+        from ..decoding.spec import DecodeSpec
+
+        return spark_schema(DecodeSpec.from_json(spec))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -10,9 +11,15 @@ from ..config import KafkaConfig
 from ..offsets import StoredOffsets, offsets_to_json
 from .source import SOURCE_NAME, KafkaDataSource
 
+if TYPE_CHECKING:
+    from ..decoding.spec import DecodeSpec
+
 
 def embedded_source_options(
-    kafka: KafkaConfig, stored: StoredOffsets | None, read_tasks: int
+    kafka: KafkaConfig,
+    stored: StoredOffsets | None,
+    read_tasks: int,
+    decode: DecodeSpec | None = None,
 ) -> dict[str, str]:
     """Options of the ``kafka_embedded`` data source (see :mod:`.source`) for ``kafka``."""
     extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
@@ -27,6 +34,8 @@ def embedded_source_options(
     }
     if kafka.max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(kafka.max_records_per_trigger)
+    if decode is not None:
+        options["decodeSpec"] = decode.to_json()
     if stored is not None:
         options["storedOffsets"] = json.dumps(offsets_to_json(stored.offsets))
     return options
@@ -41,10 +50,16 @@ class EmbeddedSource:
         self.kafka = kafka
 
     def stream(
-        self, spark: SparkSession, stored: StoredOffsets | None, resuming: bool = False
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
     ) -> DataFrame:
         # ``resuming`` changes nothing here: the stored offsets also start partitions new to
         # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
-        options = embedded_source_options(self.kafka, stored, spark.sparkContext.defaultParallelism)
+        options = embedded_source_options(
+            self.kafka, stored, spark.sparkContext.defaultParallelism, decode
+        )
         return spark.readStream.format(SOURCE_NAME).options(**options).load()

@@ -1,0 +1,123 @@
+"""What a read task needs to decode records: the :class:`DecodeSpec` the driver resolves once
+(:mod:`.resolve`) and hands to every task as one JSON string, and the decoder's errors.
+
+Errors are of two kinds. A record that cannot be decoded is never an exception: it gets an
+``_error`` and becomes a dead letter. An exception stops the batch before any commit: the
+registry is down (:class:`RegistryUnavailableError`, retried), the producers' schema gained
+fields the reader lacks (:class:`SchemaChangedError`, the query restarts with them), or changed
+in a way the table cannot follow (:class:`SchemaIncompatibleError`, the run stops).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+
+
+class SchemaFileError(ValueError):
+    """A schema file, or a schema the registry returned, that cannot be used."""
+
+
+class SchemaIncompatibleError(ValueError):
+    """The producers' schema changed in a way the table cannot follow."""
+
+
+class SchemaChangedError(ValueError):
+    """Records carry a writer schema with fields the reader schema lacks."""
+
+    def __init__(self, fields: tuple[str, ...], schema_id: int | str | None) -> None:
+        self.fields = tuple(fields)
+        self.schema_id = schema_id
+        super().__init__(
+            f"writer schema (schema id {schema_id}) has field(s) {', '.join(fields)} that the "
+            "reader schema lacks"
+        )
+
+
+class RegistryUnavailableError(RuntimeError):
+    """The Schema Registry did not answer (down, timed out, 5xx, refused the credentials)."""
+
+
+Format = Literal["json", "avro", "protobuf", "raw"]
+
+
+def _schema_to_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """How to reach the registry. Credentials are the NAMES of environment variables, read by
+    the process that calls the registry; their values are never in the spec."""
+
+    url: str
+    auth: Literal["none", "basic", "bearer"] = "none"
+    user_env: str | None = None
+    password_env: str | None = None
+    token_env: str | None = None
+    ca_location: str | None = None
+    cert_location: str | None = None
+    key_location: str | None = None
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """How the Kafka value (or key) is decoded, and into which columns (``reader``)."""
+
+    format: Format
+    framing: Literal["confluent", "none"]
+    reader: pa.Schema
+    writer_schema: str | None = None  # unframed: .avsc text, or base64 of a descriptor set
+    message: str | None = None  # protobuf: the message's full name
+    required: tuple[str, ...] = ()  # present and not null, or the record is a dead letter
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reader"] = _schema_to_text(self.reader)
+        data["required"] = list(self.required)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FieldSpec:
+        return cls(
+            **{
+                **data,
+                "reader": _schema_from_text(data["reader"]),
+                "required": tuple(data["required"]),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    value: FieldSpec
+    key: FieldSpec | None = None  # None: the key stays its raw bytes
+    registry: RegistrySettings | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "value": self.value.to_dict(),
+                "key": self.key.to_dict() if self.key else None,
+                "registry": asdict(self.registry) if self.registry else None,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> DecodeSpec:
+        data = json.loads(text)
+        return cls(
+            value=FieldSpec.from_dict(data["value"]),
+            key=FieldSpec.from_dict(data["key"]) if data["key"] else None,
+            registry=RegistrySettings(**data["registry"]) if data["registry"] else None,
+        )
