@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }}.embedded.file_writer import (
     write_files,
 )
 from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink, FencingError
+from {{ cookiecutter.package_name }}.engine import WriteMode
 from {{ cookiecutter.package_name }}.offsets import BatchCommit
 
 
@@ -111,7 +112,7 @@ def test_a_batch_whose_schema_differs_from_the_tables_is_refused_with_one_error(
     tmp_path: Path,
 ) -> None:
     uri = str(tmp_path / "t")
-    sink = DeltaRsSink(uri, "p")
+    sink = DeltaRsSink(uri, "p", mode=WriteMode(add_columns=False))  # delta.schema_evolution: fail
     sink.commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
     files, version = _data_files(uri), DeltaTable(uri).version()
 
@@ -123,6 +124,29 @@ def test_a_batch_whose_schema_differs_from_the_tables_is_refused_with_one_error(
     assert "column 'id' is string in the batch, int64 in the table" in message
     assert "extra column 'extra'" in message and "Nothing was written" in message
     assert _data_files(uri) == files and DeltaTable(uri).version() == version
+
+
+def test_new_columns_are_added_only_when_the_rest_of_the_batch_fits_the_table(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")  # delta.schema_evolution: add_columns, the default
+    sink.commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
+    version = DeltaTable(uri).version()
+
+    bad = pa.table({"id": pa.array(["x"]), "extra": pa.array([1.0])})
+    with pytest.raises(SchemaMismatchError, match="column 'id' is string in the batch"):
+        sink.commit_batch(bad, BatchCommit("p", "p.q", 1, {"o": {0: 2}}), start={"o": {0: 1}})
+    # Refused for `id`: the table did not gain `extra` either.
+    assert DeltaTable(uri).version() == version
+    assert "extra" not in DeltaTable(uri).schema().to_arrow().names
+
+    good = pa.table({"id": pa.array([2], pa.int64()), "extra": pa.array([1.5])})
+    sink.commit_batch(good, BatchCommit("p", "p.q", 1, {"o": {0: 2}}), start={"o": {0: 1}})
+    # One commit adds the column, the next holds the batch; the first row reads null in it.
+    assert DeltaTable(uri).version() == version + 2
+    rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["extra"] for r in rows] == [None, 1.5]
 
 
 def test_a_partitioned_table_is_refused_before_anything_is_written(tmp_path: Path) -> None:

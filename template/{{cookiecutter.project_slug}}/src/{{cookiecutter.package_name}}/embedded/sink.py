@@ -210,6 +210,9 @@ class DeltaRsSink:
         new = [f for f in batch if f.name not in schema.names]
         if not new:
             return schema
+        # The rest of the batch must fit first: a batch refused for another column leaves the
+        # table's schema as it was.
+        check_batch_schema(batch, pa.schema([*schema, *new]), self.table_uri)
         from deltalake import Field
 
         table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
