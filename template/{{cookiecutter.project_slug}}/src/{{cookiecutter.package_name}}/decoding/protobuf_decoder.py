@@ -83,7 +83,7 @@ class ProtobufDecoder:
         self.registry = registry
         self.part = part
         self.reader = field.reader
-        self._writers: dict[Any, _Writer | None] = {}
+        self._writers: dict[tuple[Any, tuple[int, ...]], _Writer | None] = {}
         self._files: dict[Any, str | None] = {}
         if field.framing == "none":
             if field.writer_schema is None:
@@ -91,7 +91,7 @@ class ProtobufDecoder:
             import base64
 
             data = base64.b64decode(field.writer_schema)
-            self._writers[None] = _Writer(
+            self._writers[(None, ())] = _Writer(
                 protobuf_descriptor(data, field.message), self.reader, "of schema_file"
             )
 
