@@ -45,11 +45,15 @@ def log(message: str) -> None:
 
 class RoundProducer:
     """Produces one round of records with consecutive unique ids, on a timer, while the
-    pipeline process runs."""
+    pipeline process runs. ``formats``: the produce_events keyword arguments of a round (the
+    value format, the registry; ``evolve`` once the schema change is due)."""
 
-    def __init__(self, produce_events, bootstrap: str, topics: list[str], per_round: int) -> None:
+    def __init__(
+        self, produce_events, bootstrap: str, topics: list[str], per_round: int, **formats
+    ) -> None:
         self.produce_events, self.bootstrap, self.topics = produce_events, bootstrap, topics
         self.per_round = per_round
+        self.formats = formats
         self.produced = 0
         self.error: BaseException | None = None
         self._timer: threading.Timer | None = None
@@ -57,7 +61,7 @@ class RoundProducer:
     def _round(self) -> None:
         try:
             self.produced += self.produce_events(
-                self.bootstrap, self.topics, self.per_round, first_id=self.produced
+                self.bootstrap, self.topics, self.per_round, first_id=self.produced, **self.formats
             )
         except BaseException as exc:  # reported by the main thread
             self.error = exc
@@ -99,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--workdir", type=Path, default=REPO / ".chaos")
     parser.add_argument(
+        "--format",
+        choices=["json", "avro", "protobuf"],
+        default="json",
+        help="the records' format; avro and protobuf go through a local Schema Registry, and "
+        "from the middle kill on the producers write a second schema version (an added field)",
+    )
+    parser.add_argument(
         "--sink",
         choices=["delta_rs", "delta_spark"],
         default="delta_rs",
@@ -121,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     conf["trigger"] = {"mode": "processing_time", "interval_seconds": 1}
     conf["kafka"]["max_records_per_trigger"] = 700
     conf["commit_back"]["timeout_seconds"] = 3
+    registry = None
+    if args.format != "json":
+        registry = generated.registry(args.workdir / "registry.log")
+        conf["decoding"] = {
+            "value": {"format": args.format},
+            "schema_registry": {"url": registry.url},
+        }
     config = generated.write_config("chaos", conf)
     topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
     pipeline_id = conf["pipeline_id"]
@@ -129,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log(
         f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round} "
-        f"sink={args.sink}"
+        f"sink={args.sink} format={args.format}"
     )
     broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
     bootstrap = broker.bootstrap_servers
@@ -140,9 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     reset_every = max(1, args.kills // max(1, args.resets)) if args.resets else 0
     try:
         produce_mod.ensure_topics(bootstrap, topics, args.partitions)
-        producer = RoundProducer(produce_mod.produce_events, bootstrap, topics, args.per_round)
+        formats = {"value_format": args.format, "registry_url": registry and registry.url}
+        producer = RoundProducer(
+            produce_mod.produce_events, bootstrap, topics, args.per_round, **formats
+        )
         while kills < args.kills:
             cycle += 1
+            if registry is not None and kills == args.kills // 2 and "evolve" not in formats:
+                # The schema changes while the pipeline is being killed: from this round on,
+                # each round's second half is written with version 2 (a field added).
+                formats["evolve"] = True
+                producer.formats = formats
+                log(f"cycle {cycle}: producers move to schema version 2 (a field added)")
             if args.resets and resets < args.resets and cycle % reset_every == 0:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 resets += 1
@@ -213,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         broker.stop()
+        if registry is not None:
+            registry.stop()
     print(
         f"chaos: kills={kills} checkpoint_resets={resets} produced={verdict.produced} "
         f"table_rows={verdict.rows} distinct_ids={verdict.distinct} missing={verdict.missing} "

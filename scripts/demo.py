@@ -38,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         help="max records per micro-batch (several batches make the picture worth drawing)",
     )
     parser.add_argument("--preset", default="embedded-local", help="a preset in conf/")
+    parser.add_argument(
+        "--format",
+        choices=["json", "avro", "protobuf"],
+        default="json",
+        help="the events' format (the project's value_format answer): avro and protobuf go "
+        "through a local Schema Registry, and switch to a second schema version (an added "
+        "field) halfway, which the table follows",
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / ".demo")
     args = parser.parse_args(argv)
 
@@ -49,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             no_input=True,
             config_file=str(REPO / "conf" / f"{args.preset}.yaml"),
             output_dir=str(args.workdir),
+            extra_context={"value_format": args.format},
         )
     )
     (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
@@ -56,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(project / "src"))
     broker_mod = importlib.import_module(f"{package}.devtools.broker")
+    registry_mod = importlib.import_module(f"{package}.devtools.registry")
     produce_mod = importlib.import_module(f"{package}.devtools.produce")
     config_mod = importlib.import_module(f"{package}.config")
     admin_mod = importlib.import_module(f"{package}.kafka_admin")
@@ -66,14 +76,34 @@ def main(argv: list[str] | None = None) -> int:
 
     say("starting the embedded Kafka-compatible broker (Tansu) on 127.0.0.1")
     broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+    registry = None
     try:
         bootstrap = broker.bootstrap_servers
         print(f"    bootstrap servers: {bootstrap}")
+        registry_args: list[str] = []
+        if args.format != "json":
+            say("starting the development Schema Registry on 127.0.0.1")
+            registry = registry_mod.LocalSchemaRegistry(
+                log_path=args.workdir / "registry.log"
+            ).start()
+            registry_args = ["--schema-registry-url", registry.url]
+            print(f"    schema registry: {registry.url}")
 
-        say(f"producing {args.records} events to {', '.join(topics)}")
+        evolve = args.format != "json"
+        say(
+            f"producing {args.records} {args.format} events to {', '.join(topics)}"
+            + (" (schema v2, with a field `channel`, from halfway)" if evolve else "")
+        )
         produce_mod.ensure_topics(bootstrap, topics, args.partitions)
         started = time.perf_counter()
-        produced = produce_mod.produce_events(bootstrap, topics, args.records)
+        produced = produce_mod.produce_events(
+            bootstrap,
+            topics,
+            args.records,
+            value_format=args.format,
+            registry_url=registry.url if registry else None,
+            evolve=evolve,
+        )
         print(f"    {produced} events in {time.perf_counter() - started:.1f}s")
 
         say(
@@ -94,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 "available-now",
                 "--max-records-per-trigger",
                 str(args.batch_records),
+                *registry_args,
             ],
             cwd=project,
             env=env,
@@ -111,13 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         data = table.to_pyarrow_table()
         ids = data.column("id").to_pylist()
         say(f"Delta table {config.delta.table}: {data.num_rows} rows, version {table.version()}")
-        print(
-            data.sort_by("id")
-            .slice(0, 5)
-            .select(["id", "event_type", "amount", "event_time", "topic", "partition", "offset"])
-            .to_pandas()
-            .to_string(index=False)
-        )
+        shown = ["id", "event_type", "amount", "event_time", "topic", "partition", "offset"]
+        if "channel" in data.column_names:  # the field schema v2 added, null before it
+            shown.insert(4, "channel")
+        by_id = data.sort_by("id")
+        rows = [*range(3), *range(max(3, data.num_rows - 2), data.num_rows)]
+        print(by_id.take(rows).select(shown).to_pandas().to_string(index=False))
 
         stored = store_mod.DeltaRsOffsetStore(config.delta.table, config.pipeline_id).read()
         admin = admin_mod.KafkaAdmin({"bootstrap.servers": bootstrap})
@@ -156,12 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {report.stdout.splitlines()[0]}")
         print(f"    picture (records/s and lag per micro-batch): {picture}")
     finally:
-        say("stopping the broker")
+        say("stopping the broker" + (" and the registry" if registry else ""))
         # Kafka clients still alive when the broker goes would log reconnect noise after
         # the last line: drop them first.
         admin = None
         gc.collect()
         broker.stop()
+        if registry is not None:
+            registry.stop()
 
     print(
         f"demo: produced={produced} table_rows={data.num_rows} "

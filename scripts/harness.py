@@ -46,6 +46,12 @@ class Project:
     produce: ModuleType
     conf: dict[str, Any]
 
+    def registry(self, log_path: Path) -> Any:
+        """The project's development Schema Registry, started on a free loopback port (its
+        ``stop()`` ends it by pid)."""
+        module = import_module(f"{self.package}.devtools.registry")
+        return module.LocalSchemaRegistry(log_path=log_path).start()
+
     def write_config(self, name: str, conf: dict[str, Any]) -> Path:
         path = self.root / "conf" / f"{name}.yaml"
         path.write_text(yaml.safe_dump(conf), encoding="utf-8")
