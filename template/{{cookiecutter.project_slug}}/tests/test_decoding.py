@@ -280,3 +280,20 @@ def test_credentials_come_from_the_environment_and_never_reach_the_spec() -> Non
     assert "s3cret" not in spec.to_json() and "alice" not in spec.to_json()
     with pytest.raises(SchemaFileError, match="SR_PASS, which is not set"):
         client_config(settings, {"SR_USER": "alice"})
+
+
+def test_the_driver_reads_the_decoders_errors_out_of_sparks_exception_text() -> None:
+    from {{ cookiecutter.package_name }}.decoding.failures import registry_down, schema_changed
+    from {{ cookiecutter.package_name }}.pipeline import registry_backoff
+
+    inner = SchemaChangedError(("channel", "region"), 7)
+    wrapped = RuntimeError(
+        f"Traceback ...\n  raise ...\nSchemaChangedError: {inner}\n\tat org.apache"
+    )
+    assert schema_changed(wrapped) == (("channel", "region"), 7)
+    assert schema_changed(inner) == (("channel", "region"), 7)
+    assert schema_changed(RuntimeError("something else")) is None
+    down = RuntimeError("...\nRegistryUnavailableError: the Schema Registry at x is unreachable\n")
+    assert registry_down(down) == "the Schema Registry at x is unreachable"
+    assert registry_backoff(10) == [1.0, 2.0, 4.0]
+    assert sum(registry_backoff(300)) <= 300 and max(registry_backoff(300)) == 60.0

@@ -603,13 +603,17 @@ class Pipeline:
             log.info("stop requested before the query started: nothing to do")
             return self.summary
         registry = self.config.decoding.schema_registry
-        registry_waits = iter(registry_backoff(registry.retry_seconds if registry else 0))
+        backoff = registry_backoff(registry.retry_seconds if registry else 0)
+        registry_waits, committed = iter(backoff), 0
         try:
             while True:
                 try:
                     self._run_query(self.start())
                     return self.summary
                 except Exception as exc:
+                    if self.summary.batches > committed:
+                        # Batches went through since the last outage: a new one gets every wait.
+                        registry_waits, committed = iter(backoff), self.summary.batches
                     if not self._restart_after(exc, registry_waits):
                         raise
         finally:

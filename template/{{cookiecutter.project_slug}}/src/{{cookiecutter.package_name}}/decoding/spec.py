@@ -34,7 +34,8 @@ class SchemaChangedError(ValueError):
         self.schema_id = schema_id
         super().__init__(
             f"writer schema (schema id {schema_id}) has field(s) {', '.join(fields)} that the "
-            "reader schema lacks"
+            "reader schema lacks; nothing of the batch was written (with delta.schema_evolution: "
+            "add_columns the table gains them)"
         )
 
 
