@@ -6,6 +6,10 @@ the registry's API in test_registry.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -17,6 +21,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+import yaml
 from deltalake import DeltaTable
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig
@@ -367,3 +372,46 @@ ARROW_SCHEMA_DDL = (
     "key binary, value binary, topic string, partition int, offset long, "
     "timestamp timestamp, timestampType int, headers array<struct<key: string, value: binary>>"
 )
+
+
+def test_a_crash_between_the_add_columns_commit_and_the_batch_loses_and_doubles_nothing(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, tmp_path
+) -> None:
+    """delta-rs: the new column is one commit, the batch the next. A run SIGKILLed between
+    them (crash point after_add_columns) leaves the column and no row of the batch; the
+    restart finds the column in place and lands the batch once."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    v1 = avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(10)))
+    produce(kafka_bootstrap, topic, v1, 2)
+    Pipeline(spark, cfg).run()
+    v2 = [order(i, channel="web") for i in range(10, 20)]
+    produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, ORDER_V2, v2), 2)
+
+    config = tmp_path / "conf" / "crash.yaml"
+    config.parent.mkdir()
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
+    env.update(
+        PYTHONPATH=str(PROJECT / "src"),
+        PYSPARK_PYTHON=sys.executable,
+        KAFKA_DELTA_CRASH_AT="after_add_columns",
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # the crash point kills this process group only
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    table = DeltaTable(cfg.delta.table)
+    assert "channel" in table.schema().to_arrow().names
+    assert sorted(table_ids(cfg)) == list(range(10))
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 20)
+    rows = rows_by_id(cfg.delta.table)
+    assert {rows[i]["channel"] for i in range(10, 20)} == {"web"}
