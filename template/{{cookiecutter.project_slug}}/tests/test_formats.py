@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-import yaml
 from deltalake import DeltaTable
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig
