@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .limits import work_consume, work_simple, work_write
+from .limits import work_consume, work_simple, work_simple_avro, work_write
 from .memory import TreeSampler
 from .spark_run import work_pipeline, work_session
 
@@ -24,6 +24,7 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "consume": work_consume,
     "write": work_write,
     "simple": work_simple,
+    "simple_avro": work_simple_avro,
     "pipeline": work_pipeline,
     "session": work_session,
 }

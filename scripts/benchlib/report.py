@@ -27,6 +27,7 @@ HEADLINE = {
     "overhead_pct": "{:.2f}",
     "driver_rss_ratio": "{:.3f}",
     "delta_spark_rps": "{:.0f}",
+    "avro_ratio_to_simple": "{:.4f}",
 }
 
 
@@ -88,6 +89,7 @@ def headline(results: Results) -> dict[str, float]:
         "overhead_pct": (off - pipeline) / off * 100,
         "driver_rss_ratio": memory.peak_ratio(peaks),
         "delta_spark_rps": _rps(rows, 6),
+        "avro_ratio_to_simple": _rps(rows, 8) / _rps(rows, 9),
     }
 
 

@@ -17,6 +17,9 @@ ROW_NAMES = {
     4: "pipeline exactly-once on (delta-rs sink)",
     5: "pipeline exactly-once off (delta-rs sink)",
     6: "pipeline exactly-once on (delta-spark sink)",
+    # (7 is kept for a plain foreachBatch write, issue 18.)
+    8: "pipeline exactly-once on, Avro (delta-rs sink)",
+    9: "simple Avro ingest (fastavro > delta-rs + txn)",
 }
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)

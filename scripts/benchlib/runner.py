@@ -30,7 +30,8 @@ class Bench:
         self.args = args
         self.out: Path = args.out.resolve()
         self.results = Results(args)
-        self.topics: dict[tuple[int, int], str] = {}
+        self.topics: dict[tuple[int, int, str], str] = {}
+        self.registry: Any = None
 
     @property
     def problems(self) -> list[str]:
@@ -55,6 +56,7 @@ class Bench:
         )
         (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
         self.src, self.package = str(project / "src"), package
+        self.schema_file = str(project / "schemas" / "order_event.ddl")
         sys.path.insert(0, self.src)
         self.broker_mod = importlib.import_module(f"{package}.devtools.broker")
         self.produce_mod = importlib.import_module(f"{package}.devtools.produce")
@@ -83,15 +85,42 @@ class Bench:
         except engine.ConnectorMissingError as exc:
             return [], f"no delta-spark jars: {exc}"
 
-    def topic(self, records: int, partitions: int) -> tuple[str, dict[int, int]]:
+    @property
+    def registry_url(self) -> str:
+        """The generated project's development Schema Registry, started on first use (Avro
+        rows), stopped by pid when the run ends."""
+        if self.registry is None:
+            module = importlib.import_module(f"{self.package}.devtools.registry")
+            self.registry = module.LocalSchemaRegistry(
+                log_path=self.out / "logs" / "registry.log"
+            ).start()
+        return str(self.registry.url)
+
+    def decoding(self, value_format: str = "json") -> dict[str, Any]:
+        """The pipeline's decoding section: JSON against the generated project's schema file
+        (as its conf/local.yaml), or Avro through the registry."""
+        if value_format == "avro":
+            return {"value": {"format": "avro"}, "schema_registry": {"url": self.registry_url}}
+        return {"value": {"format": "json", "schema_file": self.schema_file}}
+
+    def topic(
+        self, records: int, partitions: int, value_format: str = "json"
+    ) -> tuple[str, dict[int, int]]:
         """A topic holding ``records`` events over ``partitions``, produced once per run."""
-        key = (records, partitions)
+        key = (records, partitions, value_format)
         name = self.topics.get(key)
         if name is None:
-            name = f"bench-n{records}-p{partitions}"
+            suffix = "" if value_format == "json" else f"-{value_format}"
+            name = f"bench-n{records}-p{partitions}{suffix}"
             started = time.perf_counter()
             self.produce_mod.ensure_topics(self.bootstrap, [name], partitions)
-            self.produce_mod.produce_events(self.bootstrap, [name], records)
+            self.produce_mod.produce_events(
+                self.bootstrap,
+                [name],
+                records,
+                value_format=value_format,
+                registry_url=self.registry_url if value_format != "json" else None,
+            )
             say(
                 f"    produced {records:,} events to {name} ({partitions} partitions) in "
                 f"{time.perf_counter() - started:.1f}s"
@@ -110,6 +139,7 @@ class Bench:
             "ends": {str(p): o for p, o in ends.items()},
             "batch_size": self.args.batch_size,
             "master": self.args.spark_master,
+            "decoding": self.decoding(),
             **extra,
         }
 
@@ -122,6 +152,7 @@ class Bench:
             "table": str(self.out / "tables" / label),
             "checkpoint": str(self.out / "checkpoints" / label),
             "exactly_once": True,
+            "decoding": self.decoding(),
             **extra,
         }
 
@@ -223,7 +254,7 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5} | ({6} if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8} | ({6} if self.delta_jars()[0] else set())
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -303,6 +334,26 @@ class Bench:
                 rows.append(self.measure(row(number, repeat), "pipeline", spec, tables / label))
         if 6 in a.rows:
             rows.append(self.run_delta_spark(row(6), topic, ends))
+        if {8, 9} & set(a.rows):
+            avro_topic, avro_ends = self.topic(a.records, a.partitions, "avro")
+            if 8 in a.rows:
+                label = "8-pipeline-avro"
+                spec = self.spec(
+                    avro_topic,
+                    avro_ends,
+                    name="bench-avro",
+                    table=str(tables / label),
+                    checkpoint=str(checkpoints / label),
+                    exactly_once=True,
+                    decoding=self.decoding("avro"),
+                )
+                rows.append(self.measure(row(8), "pipeline", spec, tables / label))
+            if 9 in a.rows:
+                table = tables / "9-simple-avro"
+                spec = self.spec(
+                    avro_topic, avro_ends, table=str(table), registry_url=self.registry_url
+                )
+                rows.append(self.measure(row(9), "simple_avro", spec, table))
 
     def run_delta_spark(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
         """Row 6: the same pipeline, exactly-once on, with the delta-spark sink (engine
@@ -487,6 +538,8 @@ class Bench:
             self.run_session()
         finally:
             broker.stop()
+            if self.registry is not None:
+                self.registry.stop()
             shutil.rmtree(self.out / "jvm-archive", ignore_errors=True)  # ~150 MB
         csv_path = write_csv(self.results, self.out)
         chart = write_chart(self.results, self.out)

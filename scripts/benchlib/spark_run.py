@@ -144,6 +144,8 @@ def _run_pipeline(
     }
     if run.get("engine"):
         settings["engine"] = run["engine"]
+    if run.get("decoding"):
+        settings["decoding"] = run["decoding"]
     config = config_mod.PipelineConfig.model_validate(settings)
     batches: list[list[Any]] = []
     in_sink = [0.0]
