@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig
 from {{ cookiecutter.package_name }}.decoding.failures import reported
-from {{ cookiecutter.package_name }}.devtools.produce import produce_values
+from {{ cookiecutter.package_name }}.devtools.produce import order_event_avro, produce_values
 from {{ cookiecutter.package_name }}.pipeline import Pipeline
 from support import assert_exactly_once, table_ids
 
@@ -34,25 +34,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-ORDER_V1: dict[str, Any] = {
-    "type": "record",
-    "name": "OrderEvent",
-    "namespace": "orders",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "event_type", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    ],
-}
-# v2: a producer added an optional field.
-ORDER_V2 = {
-    **ORDER_V1,
-    "fields": [
-        *ORDER_V1["fields"],
-        {"name": "channel", "type": ["null", "string"], "default": None},
-    ],
-}
+# The sample event's schema (schemas/order_event.avsc), and v2: a producer added `channel`.
+ORDER_V1 = order_event_avro(1)
+ORDER_V2 = order_event_avro(2)
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 

@@ -89,6 +89,16 @@ def _absolute(path: str | None) -> str | None:
 _LOCAL_BOOTSTRAP = frozenset({"127.0.0.1:9092", "localhost:9092"})
 
 
+def _broker_state_path(config_path: Path) -> Path | None:
+    """The project's ``.broker.json`` (scripts/broker.sh start wrote it), if there is one. The
+    project root is the folder holding ``conf/``, as load_config resolves paths."""
+    root = config_path.resolve().parent
+    if root.name == "conf":
+        root = root.parent
+    state_path = root / ".broker.json"
+    return state_path if state_path.is_file() else None
+
+
 def _started_broker(config_path: Path, configured: str) -> str | None:
     """The address of the broker ``scripts/broker.sh start`` recorded in the project's
     ``.broker.json``, when the config names the default local address and that broker still
@@ -96,11 +106,8 @@ def _started_broker(config_path: Path, configured: str) -> str | None:
     stderr says so)."""
     if configured not in _LOCAL_BOOTSTRAP:
         return None
-    root = config_path.resolve().parent  # the project root, as load_config resolves paths
-    if root.name == "conf":
-        root = root.parent
-    state_path = root / ".broker.json"
-    if not state_path.is_file():
+    state_path = _broker_state_path(config_path)
+    if state_path is None:
         return None
     # Only here: a project without a started broker (a cluster job) never imports devtools.
     from .devtools.broker import BrokerError, _read_state, _running
@@ -138,11 +145,8 @@ def _started_registry(config_path: Path, configured: str) -> str | None:
     beside its broker, when the config names the default local address and it still runs."""
     if configured.rstrip("/") not in _LOCAL_REGISTRY:
         return None
-    root = config_path.resolve().parent
-    if root.name == "conf":
-        root = root.parent
-    state_path = root / ".broker.json"
-    if not state_path.is_file():
+    state_path = _broker_state_path(config_path)
+    if state_path is None:
         return None
     from .devtools.broker import BrokerError, _read_state
     from .processes import pid_exists
@@ -418,14 +422,9 @@ def _failed(pipeline_id: str, exc: BaseException) -> int:
 
 def _raised(exc: BaseException, name: str) -> str | None:
     """The message of an exception of class ``name`` that ``exc`` is, or reports."""
-    if type(exc).__name__ == name:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else name
-    marker = f"{name}: "
-    text = str(exc)
-    at = text.rfind(marker)
-    if at < 0:
-        return None
-    return text[at + len(marker) :].splitlines()[0].strip()
+    from .decoding.failures import reported
+
+    return reported(exc, name)
 
 
 def _root_message(exc: BaseException) -> str:
