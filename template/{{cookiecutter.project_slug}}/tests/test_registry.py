@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -296,8 +295,6 @@ def test_protobuf_serializer_registers_the_descriptor_and_the_deserializer_reads
 
 
 def test_json_schema_serializer_round_trip(client: SchemaRegistryClient, fresh) -> None:
-    if find_spec("jsonschema") is None:
-        pytest.skip("confluent-kafka's JSONSerializer needs the jsonschema package")
     from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 
     schema = {
