@@ -279,6 +279,19 @@ class SchemaRegistryProcess:
 
 
 @pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 API on a free loopback port (``.endpoint``, ``.storage_options()``,
+    ``.create_bucket(name)``), stopped by its pid at the end of the session."""
+    from {{ cookiecutter.package_name }}.devtools.object_store import LocalS3
+
+    store = LocalS3(log_path=tmp_path_factory.mktemp("s3") / "moto.log").start()
+    try:
+        yield store
+    finally:
+        store.stop()
+
+
+@pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistryProcess]:
     """The development Schema Registry on a free loopback port (``.url``), stopped by its pid
     at the end of the session; ``.stop()``, ``.start()`` and ``.down()`` for outage tests."""

@@ -15,7 +15,8 @@ from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin, total_lag
 
 
 def table_ids(cfg: PipelineConfig) -> Counter[int]:
-    return Counter(DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist())
+    table = DeltaTable(cfg.delta.table, storage_options=cfg.delta.storage_options or None)
+    return Counter(table.to_pyarrow_table()["id"].to_pylist())
 
 
 def assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:
@@ -43,7 +44,9 @@ def assert_offsets_agree(cfg: PipelineConfig) -> None:
     """stored offsets == last batch's planned end offsets == group's committed == latest."""
     admin = KafkaAdmin(cfg.kafka.client_config())
     partitions = admin.partitions(cfg.kafka.topics)
-    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read(lambda: partitions)
+    stored = DeltaRsOffsetStore(
+        cfg.delta.table, cfg.pipeline_id, cfg.delta.storage_options
+    ).read(lambda: partitions)
     assert stored is not None
     planned = CheckpointLog(None, cfg.checkpoint).end_offsets(last_batch(cfg))
     committed = admin.committed(cfg.kafka.consumer_group, partitions)

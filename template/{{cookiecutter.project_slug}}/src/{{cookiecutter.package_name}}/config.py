@@ -12,6 +12,7 @@ Library code receives a frozen :class:`PipelineConfig`; it never reads files or 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -161,6 +162,36 @@ class DeltaConfig(_Model):
             raise ValueError("mode upsert needs merge_keys: the columns that identify a row")
         if self.mode == "append" and (self.merge_keys or self.order_by):
             raise ValueError("merge_keys and order_by only apply to mode: upsert")
+        return self
+
+    @model_validator(mode="after")
+    def _commits_safely(self) -> DeltaConfig:
+        """Refuse the delta-rs settings under which two commits of one version can both land:
+        exactly-once rests on a commit failing when its version exists (I2, the fence)."""
+        if not _is_s3(self.table):
+            return self
+        options = {k.lower(): v for k, v in self.storage_options.items()}
+        unsafe_rename = options.get(
+            "aws_s3_allow_unsafe_rename", os.environ.get("AWS_S3_ALLOW_UNSAFE_RENAME", "")
+        )
+        if str(unsafe_rename).strip().lower() in ("true", "1", "yes"):
+            raise ValueError(
+                f"AWS_S3_ALLOW_UNSAFE_RENAME lets two commits to {self.table} write the same "
+                "version, one silently replacing the other; remove it (delta-rs 1.6 commits "
+                "with S3's conditional put; set aws_conditional_put: etag for an "
+                "S3-compatible store that needs it)"
+            )
+        if str(options.get("aws_conditional_put", "")).strip().lower() == "disabled":
+            raise ValueError(
+                f"aws_conditional_put: disabled leaves commits to {self.table} without the "
+                "put-if-absent that makes a version land once; remove it (or use etag)"
+            )
+        if "aws_s3_locking_provider" in options:
+            raise ValueError(
+                "AWS_S3_LOCKING_PROVIDER: delta-rs 1.6 has no DynamoDB lock (removed in 1.6.1); "
+                "S3 commits use conditional put. Remove the setting, and make sure no Spark "
+                "job writes this table through S3DynamoDBLogStore (the two do not coordinate)"
+            )
         return self
 
 
@@ -362,6 +393,19 @@ class SparkConfig(_Model):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+def _is_s3(uri: str) -> bool:
+    return uri.split("://", 1)[0].lower() in ("s3", "s3a", "s3n") if "://" in uri else False
+
+
+# Spark confs that give delta-spark a LogStore safe for more than one driver on S3.
+MULTI_DRIVER_S3_LOG_STORE_CONFS = (
+    "spark.delta.logStore.s3.impl",
+    "spark.delta.logStore.s3a.impl",
+    "spark.delta.logStore.s3n.impl",
+    "spark.delta.logStore.class",
+)
+
+
 class PipelineConfig(_Model):
     pipeline_id: str
     engine: EngineConfig = EngineConfig()
@@ -385,6 +429,24 @@ class PipelineConfig(_Model):
                 "'.', '_' or '-' (at most 128 characters)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _delta_spark_commits_safely(self) -> PipelineConfig:
+        """delta-spark on S3 outside Databricks commits through S3SingleDriverLogStore unless
+        told otherwise: two drivers (two runs by mistake, a retried job beside a live one) can
+        then both write one version, and the fence (I2) no longer holds."""
+        if self.engine.sink != "delta_spark" or not _is_s3(self.delta.table):
+            return self
+        if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+            return self  # Databricks commits to S3 through its own commit service
+        if any(key in self.spark.conf for key in MULTI_DRIVER_S3_LOG_STORE_CONFS):
+            return self
+        raise ValueError(
+            f"delta-spark would commit to {self.delta.table} through S3SingleDriverLogStore, "
+            "which lets two Spark drivers write the same version; set spark.conf "
+            "spark.delta.logStore.s3a.impl: io.delta.storage.S3DynamoDBLogStore (with the "
+            "delta-storage-s3-dynamodb jar), run on Databricks, or use the delta_rs sink"
+        )
 
     @property
     def dead_letter_table(self) -> str | None:

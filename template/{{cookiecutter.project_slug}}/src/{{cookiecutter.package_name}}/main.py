@@ -30,6 +30,7 @@ log = logging.getLogger(f"{__package__}.main" if __name__ == "__main__" else __n
 # when asked for, so the run command never loads them.
 SUBCOMMANDS = {
     "offsets": "commands.offsets",
+    "table": "commands.table",
     "report": "commands.report",
 }
 
@@ -76,6 +77,14 @@ def _config_path(args: argparse.Namespace) -> Path:
     if args.config is not None:
         return args.config
     return Path.cwd() / "conf" / f"{args.env}.yaml"
+
+
+def _log4j_config(args: argparse.Namespace) -> Path:
+    """Spark's logging for a plain ``python -m`` run: ``log4j2.properties`` beside the config
+    file, else the project's ``conf/log4j2.properties`` (a config kept elsewhere still gets the
+    filters that keep an expected failure to one sentence)."""
+    beside = _config_path(args).parent / "log4j2.properties"
+    return beside if beside.is_file() else Path.cwd() / "conf" / "log4j2.properties"
 
 
 def _absolute(path: str | None) -> str | None:
@@ -339,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     # From the start: a signal during the few seconds Spark takes to start also stops cleanly.
     try:
         with StopSignals(on_stop) as signals:
-            spark = build_spark(config, _config_path(args).parent / "log4j2.properties")
+            spark = build_spark(config, _log4j_config(args))
             signals.install()  # the SparkContext replaced the SIGINT handler with one of its own
             signals.forward_from_jvm(spark)
             try:

@@ -51,6 +51,7 @@ from .checkpoint import local_path
 from .config import PipelineConfig
 from .offsets import TABLE_SIDE_FOLDER
 from .processes import pid_exists
+from .table_storage import WRITE_BUFFER_BYTES, display, join, open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -175,33 +176,34 @@ def is_active(lease: Lease, now_ms: int | None = None, here: HostIdentity | None
     return now_ms - lease.heartbeat_ms < STALE_AFTER_SECONDS * 1000
 
 
-def _runs_folder(table_uri: str, pipeline_id: str) -> tuple[pafs.FileSystem, str]:
-    local = local_path(table_uri)
-    if local is not None:
-        return pafs.LocalFileSystem(), str(local / TABLE_SIDE_FOLDER / pipeline_id / "runs")
+def _runs_folder(
+    table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None
+) -> tuple[pafs.FileSystem, str]:
+    """The lease folder, reached with the table's storage options (an object store's endpoint,
+    region and credentials are the commit's: see :mod:`.table_storage`)."""
     try:
-        filesystem, path = pafs.FileSystem.from_uri(table_uri)
+        filesystem, root = open_filesystem(table_uri, storage_options, create=False)
     except Exception as exc:
         raise LeaseUnavailableError(f"cannot keep a run lease at {table_uri}: {exc}") from None
-    return filesystem, f"{path.rstrip('/')}/{TABLE_SIDE_FOLDER}/{pipeline_id}/runs"
+    return filesystem, join(root, TABLE_SIDE_FOLDER, pipeline_id, "runs")
 
 
-def read_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
+def read_leases(
+    table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None = None
+) -> list[Lease]:
     """Every lease file of ``pipeline_id`` under the table, active or not."""
-    filesystem, folder = _runs_folder(table_uri, pipeline_id)
+    filesystem, folder = _runs_folder(table_uri, pipeline_id, storage_options)
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     except OSError as exc:
         raise LeaseUnavailableError(f"cannot read run leases in {folder}: {exc}") from None
     leases = []
-    # What an operator deletes: a local path, else the URI (pyarrow drops the scheme).
-    scheme = "" if local_path(table_uri) is not None else table_uri.split("://", 1)[0] + "://"
     for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
             continue
         try:
             with filesystem.open_input_stream(info.path) as stream:
-                leases.append(Lease.from_json(stream.read(), path=scheme + info.path))
+                leases.append(Lease.from_json(stream.read(), path=display(table_uri, info.path)))
         except FileNotFoundError:
             continue  # released while we listed
         except (OSError, TypeError, ValueError) as exc:
@@ -209,9 +211,12 @@ def read_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
     return leases
 
 
-def active_leases(table_uri: str, pipeline_id: str) -> list[Lease]:
+def active_leases(
+    table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None = None
+) -> list[Lease]:
     here = HostIdentity.here()
-    return [lease for lease in read_leases(table_uri, pipeline_id) if is_active(lease, here=here)]
+    leases = read_leases(table_uri, pipeline_id, storage_options)
+    return [lease for lease in leases if is_active(lease, here=here)]
 
 
 class RunLease:
@@ -220,7 +225,9 @@ class RunLease:
     def __init__(
         self, config: PipelineConfig, query_id: Callable[[], str | None] = lambda: None
     ) -> None:
-        self._fs, self._folder = _runs_folder(config.delta.table, config.pipeline_id)
+        self._fs, self._folder = _runs_folder(
+            config.delta.table, config.pipeline_id, config.delta.storage_options
+        )
         self._table = local_path(config.delta.table)
         # A run that writes nothing (bad config, a bad record) must not leave a table folder
         # behind: on release, the folders the lease created are removed again when empty.
@@ -255,7 +262,7 @@ class RunLease:
             self.lease = replace(self.lease, query_id=self._query_id(), heartbeat_ms=_now_ms())
             self._fs.create_dir(self._folder, recursive=True)  # a released run may prune it
             temporary = f"{self._folder}/.{self.lease.run_id}.tmp"
-            with self._fs.open_output_stream(temporary) as stream:
+            with self._fs.open_output_stream(temporary, buffer_size=WRITE_BUFFER_BYTES) as stream:
                 stream.write(self.lease.to_json().encode())
             self._fs.move(temporary, self.path)  # readers never see half a file
 

@@ -80,18 +80,17 @@ def parse_copy(text: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
     )
 
 
-def read_copy_file(table_uri: str, pipeline_id: str, seq: int) -> StoredOffsets | None:
-    """The copy of commit ``seq`` read without Spark (the ``offsets`` commands): a local table
-    directly, any other URI through pyarrow's file systems; None when there is none."""
-    from ..checkpoint import local_path
-
-    where = f"{commits_folder(table_uri, pipeline_id)}/{seq}.json"
-    local = local_path(where)
-    if local is not None:
-        return parse_copy(local.read_text("utf-8"), pipeline_id, seq) if local.is_file() else None
+def read_copy_file(
+    table_uri: str, pipeline_id: str, seq: int, storage_options: dict[str, str] | None = None
+) -> StoredOffsets | None:
+    """The copy of commit ``seq`` read without Spark (the ``offsets`` commands), through the
+    table's folder as :mod:`..table_storage` opens it; None when there is none."""
     from pyarrow import fs
 
-    filesystem, path = fs.FileSystem.from_uri(where)
+    from ..table_storage import join, open_filesystem
+
+    filesystem, root = open_filesystem(table_uri, storage_options, create=False)
+    path = join(root, TABLE_SIDE_FOLDER, pipeline_id, "commits", f"{seq}.json")
     if filesystem.get_file_info(path).type != fs.FileType.File:
         return None
     with filesystem.open_input_stream(path) as stream:

@@ -451,7 +451,7 @@ def _checkpoint_advice(config: PipelineConfig) -> str:
 def _refuse_if_running(config: PipelineConfig, args: argparse.Namespace) -> str | None:
     """An error naming the active run(s), or None."""
     try:
-        active = active_leases(config.delta.table, config.pipeline_id)
+        active = active_leases(config.delta.table, config.pipeline_id, config.delta.storage_options)
     except LeaseUnavailableError as exc:
         if args.no_run_check:
             return None

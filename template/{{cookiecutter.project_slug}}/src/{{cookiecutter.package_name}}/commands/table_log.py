@@ -97,7 +97,12 @@ def stored_offsets(
     copies, txn actions: :mod:`..stored_offsets`), and the commit holding them (None when log
     cleanup left them in a copy or in txn actions only); no commit of the pipeline is an error."""
     pipeline_id = config.pipeline_id
-    log = DeltaRsLog(table, lambda seq: read_copy_file(config.delta.table, pipeline_id, seq))
+    log = DeltaRsLog(
+        table,
+        lambda seq: read_copy_file(
+            config.delta.table, pipeline_id, seq, config.delta.storage_options
+        ),
+    )
     stored = read_stored(log, pipeline_id, lambda: partitions)
     if stored is None:
         raise CommandError(

@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from ..table_storage import open_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -210,36 +211,6 @@ _WRITER_FEATURES_OK = {
 
 
 # -- where the files go -------------------------------------------------------------------
-
-
-def is_local(table_uri: str) -> bool:
-    scheme = urlparse(table_uri).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and table_uri[1:3] in (":\\", ":/"))
-
-
-def open_filesystem(
-    table_uri: str, storage_options: dict[str, str], via_delta_rs: bool = False
-) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, the table's root in it) for writing data files.
-
-    A local table is written through pyarrow's own local filesystem. Any other URI goes
-    through delta-rs's object store wrapped as a pyarrow filesystem
-    (``deltalake.fs.DeltaStorageHandler``): the same URI schemes (s3://, abfss://, gs://, ...)
-    and the same ``delta.storage_options`` keys as the commit itself, so a table delta-rs can
-    commit to is a table the workers can write to. ``via_delta_rs`` forces that route for a
-    local table (tests).
-    """
-    if is_local(table_uri) and not via_delta_rs:
-        path = urlparse(table_uri).path if table_uri.startswith("file:") else table_uri
-        local = pafs.LocalFileSystem()
-        local.create_dir(path, recursive=True)
-        return local, path.rstrip("/")
-    from deltalake.fs import DeltaStorageHandler
-
-    if is_local(table_uri):
-        pafs.LocalFileSystem().create_dir(table_uri, recursive=True)
-    handler = DeltaStorageHandler(table_uri, dict(storage_options) or None)
-    return pafs.PyFileSystem(handler), ""
 
 
 def discard_files(target: FileTarget, names: list[str]) -> None:
