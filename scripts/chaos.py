@@ -77,11 +77,13 @@ class RoundProducer:
             raise self.error
 
 
-def first_commit_seconds(table_uri: str, started_wall: float) -> float | None:
+def first_commit_seconds(
+    table_uri: str, started_wall: float, storage_options: dict[str, str] | None = None
+) -> float | None:
     """Seconds from a process start to the first Delta commit it made (read from the log's
     commit timestamps), or None when it committed nothing before it died."""
     try:
-        history = DeltaTable(table_uri).history(50)
+        history = DeltaTable(table_uri, storage_options=storage_options).history(50)
     except Exception:  # no table yet
         return None
     stamps = [c["timestamp"] / 1000 for c in history if c["timestamp"] / 1000 >= started_wall]
@@ -110,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         "from the middle kill on the producers write a second schema version (an added field)",
     )
     parser.add_argument(
+        "--table-on",
+        choices=["disk", "s3"],
+        default="disk",
+        help="s3: the table and its dead-letter table in a bucket of a local S3 API (moto's "
+        "server on loopback, the project's devtools/object_store.py); delta_rs sink only",
+    )
+    parser.add_argument(
         "--sink",
         choices=["delta_rs", "delta_spark"],
         default="delta_rs",
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.resets > args.kills:
         parser.error("--resets cannot exceed --kills (a reset happens before a killed cycle)")
+    if args.table_on == "s3" and args.sink != "delta_rs":
+        parser.error("--table-on s3 needs --sink delta_rs (delta-spark on S3 needs hadoop-aws)")
     rng = random.Random(args.seed)
 
     settings = harness.sink_settings(args.sink, os.environ.get(harness.JARS_ENV))
@@ -139,15 +150,21 @@ def main(argv: list[str] | None = None) -> int:
             "value": {"format": args.format},
             "schema_registry": {"url": registry.url},
         }
+    store = storage_options = None
+    table: str | Path = project / conf["delta"]["table"]
+    if args.table_on == "s3":
+        store = generated.object_store(args.workdir / "s3.log")
+        table = f"{store.create_bucket('chaos')}/orders"
+        storage_options = store.storage_options()
+        conf["delta"].update(table=table, storage_options=storage_options)
     config = generated.write_config("chaos", conf)
     topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
     pipeline_id = conf["pipeline_id"]
-    table = project / conf["delta"]["table"]
     checkpoint = project / conf["checkpoint"]
 
     log(
         f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round} "
-        f"sink={args.sink} format={args.format}"
+        f"sink={args.sink} format={args.format} table={table}"
     )
     broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
     bootstrap = broker.bootstrap_servers
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
                 return 1
             kills += 1
-            recovery = first_commit_seconds(str(table), started)
+            recovery = first_commit_seconds(str(table), started, storage_options)
             if recovery is not None:
                 recoveries.append(recovery)
             took = "no commit" if recovery is None else f"first commit after {recovery:.1f}s"
@@ -229,7 +246,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         verdict = harness.check(
-            str(table), None, producer.produced, 0, pipeline_id, bootstrap, group, topics
+            str(table),
+            None,
+            producer.produced,
+            0,
+            pipeline_id,
+            bootstrap,
+            group,
+            topics,
+            storage_options,
         )
         log(f"stored offsets == group committed == latest: {verdict.offsets_ok}")
         if recoveries:
@@ -242,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop()
         if registry is not None:
             registry.stop()
+        if store is not None:
+            store.stop()
     print(
         f"chaos: kills={kills} checkpoint_resets={resets} produced={verdict.produced} "
         f"table_rows={verdict.rows} distinct_ids={verdict.distinct} missing={verdict.missing} "

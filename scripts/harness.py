@@ -52,6 +52,12 @@ class Project:
         module = import_module(f"{self.package}.devtools.registry")
         return module.LocalSchemaRegistry(log_path=log_path).start()
 
+    def object_store(self, log_path: Path) -> Any:
+        """The project's local S3 API (moto's server), started on a free loopback port (its
+        ``stop()`` ends it by pid)."""
+        module = import_module(f"{self.package}.devtools.object_store")
+        return module.LocalS3(log_path=log_path).start()
+
     def write_config(self, name: str, conf: dict[str, Any]) -> Path:
         path = self.root / "conf" / f"{name}.yaml"
         path.write_text(yaml.safe_dump(conf), encoding="utf-8")
@@ -162,11 +168,14 @@ def run(
 
 
 def stored_offsets_independently(
-    table_uri: str, pipeline_id: str, partitions: dict[str, list[int]]
+    table_uri: str,
+    pipeline_id: str,
+    partitions: dict[str, list[int]],
+    storage_options: dict[str, str] | None = None,
 ) -> dict[str, dict[str, int]]:
     """The pipeline's stored offsets of ``partitions``, straight from the Delta log: its newest
     commit's userMetadata, or (after log cleanup) its per-partition txn actions."""
-    table = DeltaTable(table_uri)
+    table = DeltaTable(table_uri, storage_options=storage_options)
     for commit in table.history():
         try:
             body = json.loads(commit.get("userMetadata") or "null")
@@ -243,16 +252,18 @@ def check(
     bootstrap: str,
     group: str,
     topics: list[str],
+    storage_options: dict[str, str] | None = None,
 ) -> Check:
     """Rows == distinct ids == produced (ids 0..produced-1), the dead-letter table holds
     exactly ``dead_expected`` distinct positions, and stored == group committed == latest."""
-    ids = Counter(DeltaTable(table).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
+    rows = DeltaTable(table, storage_options=storage_options).to_pyarrow_table(columns=["id"])
+    ids = Counter(rows.column("id").to_pylist())
     dead_positions: list[tuple[object, ...]] = []
     if dead_table and Path(dead_table, "_delta_log").is_dir():
         dead = DeltaTable(dead_table).to_pyarrow_table(columns=["topic", "partition", "offset"])
         dead_positions = list(zip(*(dead[c].to_pylist() for c in dead.column_names), strict=True))
     view = kafka_view(bootstrap, group, topics)
-    stored = stored_offsets_independently(table, pipeline_id, view["partitions"])
+    stored = stored_offsets_independently(table, pipeline_id, view["partitions"], storage_options)
     return Check(
         produced=produced,
         rows=sum(ids.values()),

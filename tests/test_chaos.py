@@ -21,14 +21,21 @@ LAST_LINE = re.compile(
 
 
 @pytest.mark.parametrize(
-    ("sink", "value_format"), [("delta_rs", "json"), ("delta_spark", "json"), ("delta_rs", "avro")]
+    ("sink", "value_format", "table_on"),
+    [
+        ("delta_rs", "json", "disk"),
+        ("delta_spark", "json", "disk"),
+        ("delta_rs", "avro", "disk"),
+        ("delta_rs", "json", "s3"),
+    ],
 )
 def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once(
-    tmp_path: Path, sink: str, value_format: str
+    tmp_path: Path, sink: str, value_format: str, table_on: str
 ) -> None:
     """With ``avro``, Confluent-framed records behind the local registry whose schema gains a
     field in the middle of the kills: the table gains the column, and no record is lost or
-    doubled across the restarts the change causes."""
+    doubled across the restarts the change causes. With ``s3``, the table lives in a bucket of
+    a local S3 API (moto's server on loopback)."""
     if sink == "delta_spark" and not os.environ.get("KAFKA_DELTA_JARS"):
         pytest.skip("delta-spark jars not on the classpath (set KAFKA_DELTA_JARS)")
     result = subprocess.run(
@@ -51,6 +58,8 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
             sink,
             "--format",
             value_format,
+            "--table-on",
+            table_on,
         ],
         capture_output=True,
         text=True,
@@ -71,4 +80,6 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
         assert "producers move to schema version 2" in output
         table = tmp_path / "chaos" / "orders-stream" / "data" / "tables" / "orders_stream"
         assert "channel" in DeltaTable(str(table)).schema().to_arrow().names
+    if table_on == "s3":
+        assert "table=s3://chaos/orders" in output
     print(last)
