@@ -42,9 +42,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def _task(bundle: dict) -> dict:
-    (job,) = bundle["resources"]["jobs"].values()
-    (task,) = job["tasks"]
+STREAM = "{{ cookiecutter.package_name }}"
+MAINTENANCE = "{{ cookiecutter.package_name }}_maintenance"
+
+
+def _task(bundle: dict, key: str = STREAM) -> dict:
+    (task,) = bundle["resources"]["jobs"][key]["tasks"]
     return task
 
 
@@ -148,7 +151,7 @@ def _merge(base: object, override: object) -> object:
     return override
 
 
-def _target_job(bundle: dict, target: str) -> dict:
+def _target_job(bundle: dict, target: str, key: str = STREAM) -> dict:
     """The job as ``databricks bundle deploy -t <target>`` sees it: the target's job fields over
     the top-level job, ``${var.x}`` resolved with the target's variables over the defaults
     (and ``${bundle.target}``); ``${workspace...}`` is left for the workspace to fill in."""
@@ -159,9 +162,8 @@ def _target_job(bundle: dict, target: str) -> dict:
             assert set(value) == {"default"}, f"{target}.{name}: only plain values are resolved"
             value = value["default"]
         values[name] = value
-    (key,) = bundle["resources"]["jobs"]
     overrides = (bundle["targets"][target].get("resources") or {}).get("jobs") or {}
-    assert set(overrides) <= {key}, f"target {target} overrides an undeclared job"
+    assert set(overrides) <= set(bundle["resources"]["jobs"]), f"{target}: undeclared job"
     job = _merge(bundle["resources"]["jobs"][key], overrides.get(key, {}))
 
     def resolve(node: object) -> object:
@@ -247,3 +249,34 @@ def test_a_misspelt_job_field_is_rejected_by_the_same_parse(
 
     with pytest.raises(ValueError, match=f"Unexpected field '{misspelt}'"):
         jobs.Job.from_dict(_target_job(broken, "prod"))
+
+
+def test_bundle_declares_exactly_the_streaming_and_the_maintenance_job(bundle) -> None:
+    assert set(bundle["resources"]["jobs"]) == {STREAM, MAINTENANCE}
+
+
+@pytest.mark.parametrize("target", ["dev", "prod"])
+def test_each_targets_maintenance_job_runs_table_maintain_daily_on_the_streams_table(
+    bundle, target: str
+) -> None:
+    jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
+    from {{ cookiecutter.package_name }}.commands.table import _parser
+
+    resolved = _target_job(bundle, target, MAINTENANCE)
+    assert "${var." not in json.dumps(resolved)
+
+    job = jobs.Job.from_dict(resolved)
+
+    (task,) = job.tasks
+    assert task.python_wheel_task.entry_point == "{{ cookiecutter.project_slug }}"
+    assert job.max_concurrent_runs == 1 and job.continuous is None
+    assert job.schedule.quartz_cron_expression == "0 30 3 * * ?"  # once a day
+    params = list(task.python_wheel_task.parameters)
+    assert params[:2] == ["table", "maintain"]
+    stream = _target_job(bundle, target)
+    # The same config and table (so the same dead-letter table) as the target's streaming job.
+    for flag in ("--config", "--table"):
+        assert params[params.index(flag) + 1] == _argument(stream, flag), flag
+    # The command's own parser takes the arguments.
+    args = _parser().parse_args(params[1:])
+    assert args.command == "maintain" and not args.dry_run
