@@ -424,3 +424,29 @@ def test_a_compaction_that_loses_a_commit_race_is_retried_on_a_fresh_snapshot(
     assert "lost a commit race (attempt 1 of 5)" in caplog.text
     assert (removed, added) == (2, 1)
     assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [2, 3]
+
+
+def test_steps_are_chosen_with_only_and_skipped_with_no_flags(tmp_path: Path, capsys) -> None:
+    assert table_command.parse_steps("checkpoint,compact", set()) == ("compact", "checkpoint")
+    assert table_command.parse_steps(None, {"compact"}) == ("vacuum", "checkpoint")
+    uri = str(tmp_path / "table")
+    for i in range(3):
+        write_deltalake(uri, pa.table({"id": [i]}), mode="append")
+    config = _offline_config(tmp_path, uri)
+
+    status, out, err = _maintain(capsys, config, "--no-compact", "--no-vacuum")
+
+    assert status == 0, err
+    assert out.splitlines() == [f"table {uri}: checkpoint: written at version 2"]
+    assert (Path(uri) / "_delta_log" / f"{2:020}.checkpoint.parquet").is_file()
+    assert _live_files(uri) == 3
+
+
+def test_delta_interval_properties_read_as_hours() -> None:
+    hours = table_command.parse_interval_hours
+    assert hours("interval 7 days") == hours("interval 1 week") == 168
+    assert hours("interval 1 day 12 hours") == 36
+    assert hours("INTERVAL 90 minutes") == 1.5
+    assert table_command.retention_floor_hours({}) == 168
+    with pytest.raises(ValueError):
+        hours("7 fortnights")
