@@ -262,6 +262,11 @@ def test_maintenance_then_log_cleanup_then_restarts_are_exact(
     status, out, err = _maintain(capsys, config, "--retention-hours", "0")
     assert status == 0, out + err
     assert _live_files(cfg.delta.table) < before, out
+    # The sink's engine wrote a Delta checkpoint (delta-spark's through its JVM DeltaLog).
+    checkpointed = re.search(r"checkpoint: written at version (\d+)", out)
+    assert checkpointed, out
+    log = Path(cfg.delta.table) / "_delta_log"
+    assert (log / f"{int(checkpointed.group(1)):020}.checkpoint.parquet").is_file(), out
     _clean_up_the_log(cfg.delta.table)
     produce_events(kafka_bootstrap, topics, 100, first_id=150)
     Pipeline(spark, cfg).run()  # the checkpoint kept
