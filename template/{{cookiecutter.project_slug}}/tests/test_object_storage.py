@@ -64,7 +64,7 @@ def _offsets(cfg: PipelineConfig, tmp_path: Path, capsys, *args: str) -> tuple[i
 
 @pytest.mark.spark
 @pytest.mark.broker
-def test_a_pipeline_on_s3_lands_every_record_once_holds_its_lease_and_the_commands_read_it(
+def test_a_pipeline_on_s3_lands_every_record_once_holds_its_lease_and_the_commands_work(
     spark, kafka_bootstrap, new_topics, s3_config, tmp_path, capsys, caplog
 ) -> None:
     topics = new_topics(1, partitions=2)
@@ -76,8 +76,14 @@ def test_a_pipeline_on_s3_lands_every_record_once_holds_its_lease_and_the_comman
 
     def transform(df):
         # Inside the run: the lease is in the bucket, named by its s3:// path.
-        held.append([lease.path for lease in read_leases(cfg.delta.table, cfg.pipeline_id,
-                                                         cfg.delta.storage_options)])
+        held.append(
+            [
+                lease.path
+                for lease in read_leases(
+                    cfg.delta.table, cfg.pipeline_id, cfg.delta.storage_options
+                )
+            ]
+        )
         from {{ cookiecutter.package_name }}.transform import transform as default
 
         return default(df)
@@ -102,6 +108,21 @@ def test_a_pipeline_on_s3_lands_every_record_once_holds_its_lease_and_the_comman
     status, out, _ = _offsets(cfg, tmp_path, capsys, "verify", "--ids", "id")
     assert status == 0, out
     assert "verify: OK" in out
+
+    # table maintain on the bucket: the batches' small files compacted, a checkpoint written,
+    # the run leases' folder untouched, and every record still there once.
+    table = DeltaTable(cfg.delta.table, storage_options=cfg.delta.storage_options)
+    files_before = len(table.file_uris())
+    config = _config_file(cfg, tmp_path / "maintain.yaml")
+    capsys.readouterr()
+    assert main(["table", "maintain", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"table {cfg.delta.table}: compact:" in out and "checkpoint: written" in out, out
+    table = DeltaTable(cfg.delta.table, storage_options=cfg.delta.storage_options)
+    assert len(table.file_uris()) < files_before
+    assert_exactly_once(cfg, 400)
+    status, out, _ = _offsets(cfg, tmp_path, capsys, "verify", "--ids", "id")
+    assert status == 0, out
 
 
 @pytest.mark.broker
@@ -136,8 +157,10 @@ def test_two_runs_racing_on_one_s3_table_land_every_record_once(
     produce_events(kafka_bootstrap, topics, 2000)
     base = s3_config(topics, max_records_per_trigger=250)
     configs = [
-        _config_file(base.with_overrides(checkpoint=str(tmp_path / f"checkpoint-{n}")),
-                     tmp_path / f"run-{n}.yaml")
+        _config_file(
+            base.with_overrides(checkpoint=str(tmp_path / f"checkpoint-{n}")),
+            tmp_path / f"run-{n}.yaml",
+        )
         for n in (1, 2)
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
@@ -176,7 +199,11 @@ def _validate(table: str, storage_options: dict[str, str], **extra: object) -> P
     return PipelineConfig.model_validate(
         {
             "pipeline_id": "p",
-            "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "consumer_group": "g"},
+            "kafka": {
+                "bootstrap_servers": "127.0.0.1:9092",
+                "topics": ["t"],
+                "consumer_group": "g",
+            },
             "delta": {"table": table, "storage_options": storage_options},
             "checkpoint": "/tmp/checkpoint",
             **extra,
@@ -229,7 +256,11 @@ def test_main_refuses_an_unsafe_s3_config_in_one_sentence_with_exit_2(tmp_path, 
         yaml.safe_dump(
             {
                 "pipeline_id": "p",
-                "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "consumer_group": "g"},
+                "kafka": {
+                    "bootstrap_servers": "127.0.0.1:9092",
+                    "topics": ["t"],
+                    "consumer_group": "g",
+                },
                 "delta": {
                     "table": "s3://lake/orders",
                     "storage_options": {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"},
