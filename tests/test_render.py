@@ -131,8 +131,12 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
 
     bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))
     assert bundle["bundle"]["name"] == slug
-    (job,) = bundle["resources"]["jobs"].values()
-    assert job["tasks"][0]["python_wheel_task"]["entry_point"] == slug
+    jobs = bundle["resources"]["jobs"]
+    assert set(jobs) == {package, f"{package}_maintenance"}
+    for job in jobs.values():
+        assert job["tasks"][0]["python_wheel_task"]["entry_point"] == slug
+    maintenance = jobs[f"{package}_maintenance"]["tasks"][0]["python_wheel_task"]["parameters"]
+    assert maintenance[:2] == ["table", "maintain"]
 
     conf_files = sorted((project / "conf").glob("*.yaml"))
     assert {project / "conf" / "local.yaml", project / "conf" / "databricks.yaml"} <= set(
