@@ -28,11 +28,10 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..processes import pid_exists
-from .children import HOST, die_with_parent, free_port
+from .children import HOST, ChildServer, die_with_parent, free_port
 from .registry import LocalSchemaRegistry, RegistryError, is_registry_process
 from .registry import stop_pid as stop_registry_pid
 
@@ -90,7 +89,7 @@ def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
     raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(ChildServer):
     """Context manager running Tansu on a loopback port.
 
     >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
@@ -136,29 +135,6 @@ class EmbeddedBroker:
             self.stop()
             raise
         return self
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _running(state: dict[str, Any]) -> bool:

@@ -3,9 +3,15 @@ the loopback address they listen on, a free port there, and a tie to the parent'
 
 from __future__ import annotations
 
+import abc
 import signal
 import socket
+import subprocess
 import sys
+from types import TracebackType
+from typing import Any, TypeVar
+
+Server = TypeVar("Server", bound="ChildServer")
 
 HOST = "127.0.0.1"
 
@@ -23,3 +29,37 @@ def die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class ChildServer(abc.ABC):
+    """A server in a child process of ours: ``start()`` (each server's own) sets ``process``;
+    ``stop()`` ends it by its pid, politely first; ``with`` starts and stops it."""
+
+    process: subprocess.Popen[Any] | None = None
+
+    @abc.abstractmethod
+    def start(self: Server) -> Server:
+        """Start the server's program and wait until it serves."""
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self: Server) -> Server:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

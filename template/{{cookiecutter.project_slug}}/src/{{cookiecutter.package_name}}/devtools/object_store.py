@@ -20,9 +20,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-from .children import HOST, die_with_parent, free_port
+from .children import HOST, ChildServer, die_with_parent, free_port
 
 ACCESS_KEY = "local-access-key"
 SECRET_KEY = "local-secret-key"
@@ -33,7 +32,7 @@ class ObjectStoreError(RuntimeError):
     """The local S3 API could not be started or asked."""
 
 
-class LocalS3:
+class LocalS3(ChildServer):
     """moto's S3 server on a free loopback port (``.endpoint``)."""
 
     def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
@@ -110,26 +109,3 @@ class LocalS3:
         except urllib.error.URLError as exc:
             raise ObjectStoreError(f"cannot create bucket {name!r}: {exc}") from None
         return f"s3://{name}"
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def __enter__(self) -> LocalS3:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

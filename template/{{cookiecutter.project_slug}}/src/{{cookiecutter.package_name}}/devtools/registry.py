@@ -57,11 +57,10 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .children import HOST, die_with_parent, free_port
+from .children import HOST, ChildServer, die_with_parent, free_port
 
 log = logging.getLogger(__name__)
 
@@ -788,7 +787,7 @@ def wait_until_serving(url: str, timeout_s: float = 15.0, process: Any = None) -
     raise RegistryError(f"schema registry at {url} did not answer within {timeout_s:.0f}s: {last}")
 
 
-class LocalSchemaRegistry:
+class LocalSchemaRegistry(ChildServer):
     """The registry in a child process on a loopback port; its data in ``data_path``.
 
     >>> with LocalSchemaRegistry(data_path=Path("registry.json")) as registry:  # doctest: +SKIP
@@ -842,29 +841,6 @@ class LocalSchemaRegistry:
             self.stop()
             raise
         return self
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def __enter__(self) -> LocalSchemaRegistry:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def is_registry_process(pid: int) -> bool:
