@@ -192,6 +192,30 @@ def test_two_runs_racing_on_one_s3_table_land_every_record_once(
     assert sum(table_ids(base).values()) == 2200
 
 
+def test_the_offsets_commands_read_a_delta_spark_commit_copy_in_a_bucket(object_store) -> None:
+    """After log cleanup the commands read a delta-spark table's offsets from the copy under
+    `_kafka_delta/`, reached with the table's storage options like every side file."""
+    import json
+
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow import fs as pafs
+
+    from {{ cookiecutter.package_name }}.cluster.commit_copies import read_copy_file
+
+    table = f"{object_store.create_bucket(f'lake-{uuid.uuid4().hex[:8]}')}/orders"
+    options = object_store.storage_options()
+    commit = BatchCommit("p", "p.q1", 4, {"orders": {0: 40, 1: 38}}).with_seq(5)
+    body = json.dumps({"delta_version": 9, "userMetadata": commit.user_metadata()}).encode()
+    bucket = pafs.PyFileSystem(DeltaStorageHandler(table, options))
+    with bucket.open_output_stream("_kafka_delta/p/commits/5.json", buffer_size=1 << 16) as out:
+        out.write(body)
+
+    copy = read_copy_file(table, "p", 5, options)
+    assert copy is not None
+    assert (copy.offsets, copy.delta_version, copy.seq) == ({"orders": {0: 40, 1: 38}}, 9, 5)
+    assert read_copy_file(table, "p", 6, options) is None
+
+
 # -- settings that would commit unsafely --------------------------------------------------------
 
 
