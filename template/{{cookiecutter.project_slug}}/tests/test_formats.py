@@ -270,6 +270,32 @@ def test_registry_down_commits_nothing_and_the_run_completes_exactly_once_when_i
     assert any("retrying in" in r.getMessage() for r in caplog.records)
 
 
+def test_a_pipeline_started_before_any_producer_registered_a_schema_waits_for_the_first(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, caplog
+) -> None:
+    """Deployed before its producers: the run waits (as for a registry outage) instead of
+    stopping, and reads the records once the first producer registered its schema."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    producer = threading.Timer(
+        2.0,
+        lambda: produce(
+            kafka_bootstrap,
+            topic,
+            avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(40))),
+            2,
+        ),
+    )
+    producer.start()
+    try:
+        Pipeline(spark, cfg).run()
+    finally:
+        producer.join()
+    assert f"has no schema under {topic}-value yet: waiting" in caplog.text
+    Pipeline(spark, cfg).run()  # what the first run's target left for the next
+    assert_exactly_once(cfg, 40)
+
+
 def test_an_incompatible_change_stops_the_run_naming_the_field_and_both_types(
     spark, kafka_bootstrap, new_topics, make_config, schema_registry
 ) -> None:

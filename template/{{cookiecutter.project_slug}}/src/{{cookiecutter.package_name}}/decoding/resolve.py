@@ -20,7 +20,13 @@ from pyspark.sql import SparkSession
 from ..config import DecodingConfig, FormatConfig, PipelineConfig
 from .arrow_types import avro_to_arrow, json_schema_to_arrow, protobuf_to_arrow, union_schemas
 from .registry import registry_for
-from .spec import DecodeSpec, FieldSpec, RegistrySettings, SchemaFileError
+from .spec import (
+    DecodeSpec,
+    FieldSpec,
+    RegistrySettings,
+    RegistryUnavailableError,
+    SchemaFileError,
+)
 
 
 def build_decode_spec(
@@ -165,10 +171,14 @@ def _from_registry(
         found.extend(registry.subject_versions(f"{topic}-{part}"))
     found.extend(registry.schema_by_id(i) for i in writer_schema_ids)
     if not found:
+        # A pipeline deployed before its producers: nothing to read yet, and the first producer
+        # registers the schema. Waited for like an outage (schema_registry.retry_seconds), then
+        # one sentence; never a failure that repeats at once on every restart.
         subjects = ", ".join(f"{t}-{part}" for t in topics)
-        raise SchemaFileError(
-            f"the Schema Registry at {settings.url} has no schema under {subjects}: produce "
-            f"with a registry serializer first, or give decoding.{part}.schema_file"
+        raise RegistryUnavailableError(
+            f"the Schema Registry at {settings.url} has no schema under {subjects} yet: waiting "
+            f"for a producer with a registry serializer to register one (or give "
+            f"decoding.{part}.schema_file)"
         )
     schemas = [_arrow_of(fmt, s, part) for s in found]
     return union_schemas(schemas), ()
