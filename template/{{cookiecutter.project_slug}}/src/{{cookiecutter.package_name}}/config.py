@@ -167,7 +167,7 @@ class DeltaConfig(_Model):
     @model_validator(mode="after")
     def _commits_safely(self) -> DeltaConfig:
         """Refuse the delta-rs settings under which two commits of one version can both land:
-        exactly-once rests on a commit failing when its version exists (I2, the fence)."""
+        exactly-once rests on a commit failing when its version exists (I6, the fence)."""
         if not _is_s3(self.table):
             return self
         options = {k.lower(): v for k, v in self.storage_options.items()}
@@ -434,7 +434,7 @@ class PipelineConfig(_Model):
     def _delta_spark_commits_safely(self) -> PipelineConfig:
         """delta-spark on S3 outside Databricks commits through S3SingleDriverLogStore unless
         told otherwise: two drivers (two runs by mistake, a retried job beside a live one) can
-        then both write one version, and the fence (I2) no longer holds."""
+        then both write one version, and the fence (I6) no longer holds."""
         if self.engine.sink != "delta_spark" or not _is_s3(self.delta.table):
             return self
         if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
