@@ -8,6 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,6 +32,31 @@ def die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def wait_for_http(
+    url: str,
+    process: subprocess.Popen[Any] | None,
+    error: type[Exception],
+    name: str,
+    timeout_s: float,
+    interval_s: float = 0.05,
+) -> None:
+    """Until ``url`` answers 200; ``error`` naming ``name`` when ``process`` exits first or the
+    time is up (a listening socket is not enough: the server must answer)."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise error(f"{name} exited with status {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except (OSError, urllib.error.URLError) as exc:
+            last = exc
+        time.sleep(interval_s)
+    raise error(f"{name} at {url} did not answer within {timeout_s:.0f}s: {last}")
 
 
 class ChildServer(abc.ABC):

@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .children import HOST, ChildServer, die_with_parent, free_port
+from .children import HOST, ChildServer, die_with_parent, free_port, wait_for_http
 
 ACCESS_KEY = "local-access-key"
 SECRET_KEY = "local-secret-key"
@@ -74,31 +73,18 @@ class LocalS3(ChildServer):
             if self.log_path:
                 out.close()  # type: ignore[union-attr]
         try:
-            self._wait_until_serving()
+            wait_for_http(
+                f"{self.endpoint}/",
+                self.process,
+                ObjectStoreError,
+                "moto's S3 server (moto[server], in the dev extra)",
+                timeout_s=30.0,
+                interval_s=0.1,
+            )
         except ObjectStoreError:
             self.stop()
             raise
         return self
-
-    def _wait_until_serving(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise ObjectStoreError(
-                    f"moto's S3 server exited with status {self.process.returncode} "
-                    "(is moto[server] installed? it is in the dev extra)"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/", timeout=1) as answer:
-                    if answer.status == 200:
-                        return
-            except (OSError, urllib.error.URLError) as exc:
-                last = exc
-            time.sleep(0.1)
-        raise ObjectStoreError(
-            f"S3 at {self.endpoint} did not answer within {timeout_s:.0f}s: {last}"
-        )
 
     def create_bucket(self, name: str) -> str:
         """Create bucket ``name`` (moto takes an unsigned request); its ``s3://`` URI."""

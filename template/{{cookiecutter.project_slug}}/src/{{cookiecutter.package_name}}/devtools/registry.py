@@ -51,8 +51,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,7 +58,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .children import HOST, ChildServer, die_with_parent, free_port
+from .children import HOST, ChildServer, die_with_parent, free_port, wait_for_http
 
 log = logging.getLogger(__name__)
 
@@ -772,19 +770,7 @@ def _src_dir() -> Path:
 
 
 def wait_until_serving(url: str, timeout_s: float = 15.0, process: Any = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RegistryError(f"the schema registry exited with status {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/config", timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except (OSError, urllib.error.URLError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise RegistryError(f"schema registry at {url} did not answer within {timeout_s:.0f}s: {last}")
+    wait_for_http(f"{url}/config", process, RegistryError, "the schema registry", timeout_s)
 
 
 class LocalSchemaRegistry(ChildServer):
