@@ -44,9 +44,8 @@ def assert_offsets_agree(cfg: PipelineConfig) -> None:
     """stored offsets == last batch's planned end offsets == group's committed == latest."""
     admin = KafkaAdmin(cfg.kafka.client_config())
     partitions = admin.partitions(cfg.kafka.topics)
-    stored = DeltaRsOffsetStore(
-        cfg.delta.table, cfg.pipeline_id, cfg.delta.storage_options
-    ).read(lambda: partitions)
+    store = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id, cfg.delta.storage_options)
+    stored = store.read(lambda: partitions)
     assert stored is not None
     planned = CheckpointLog(None, cfg.checkpoint).end_offsets(last_batch(cfg))
     committed = admin.committed(cfg.kafka.consumer_group, partitions)
