@@ -12,9 +12,9 @@ table's root.
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
-
 import pyarrow.fs as pafs
+
+from .checkpoint import local_path
 
 # delta-rs's object store takes whole payloads: a small file written through its pyarrow wrapper
 # needs a buffered stream (an unbuffered write hands it a pyarrow Buffer, which it refuses).
@@ -22,8 +22,7 @@ WRITE_BUFFER_BYTES = 1 << 16
 
 
 def is_local(table_uri: str) -> bool:
-    scheme = urlparse(table_uri).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and table_uri[1:3] in (":\\", ":/"))
+    return local_path(table_uri) is not None
 
 
 def open_filesystem(
@@ -34,15 +33,16 @@ def open_filesystem(
 ) -> tuple[pafs.FileSystem, str]:
     """(file system, the table's root in it). ``via_delta_rs`` forces the object-store route for
     a local table (tests); ``create`` makes a local table's folder when it is missing."""
-    if is_local(table_uri) and not via_delta_rs:
-        path = urlparse(table_uri).path if table_uri.startswith("file:") else table_uri
+    local_folder = local_path(table_uri)
+    if local_folder is not None and not via_delta_rs:
+        path = str(local_folder)
         local = pafs.LocalFileSystem()
         if create:
             local.create_dir(path, recursive=True)
-        return local, path.rstrip("/")
+        return local, path
     from deltalake.fs import DeltaStorageHandler
 
-    if is_local(table_uri):
+    if local_folder is not None:
         pafs.LocalFileSystem().create_dir(table_uri, recursive=True)
     handler = DeltaStorageHandler(table_uri, dict(storage_options or {}) or None)
     return pafs.PyFileSystem(handler), ""
