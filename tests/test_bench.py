@@ -27,6 +27,7 @@ LAST_LINE = re.compile(
     rf"us_per_record=(?P<us>{NUMBER}) startup_s=(?P<startup>{NUMBER}) "
     rf"overhead_pct=(?P<overhead>{NUMBER}) driver_rss_ratio=(?P<rss_ratio>{NUMBER}) "
     rf"delta_spark_rps=(?P<delta_spark>{NUMBER}) "
+    rf"delta_spark_to_plain=(?P<delta_spark_to_plain>{NUMBER}) "
     rf"avro_ratio_to_simple=(?P<avro_ratio>{NUMBER})$"
 )
 
@@ -85,17 +86,21 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     )
     if jars:
         assert figures["delta_spark"] > 0, last
+        assert figures["delta_spark_to_plain"] > 0, last
     else:
         assert math.isnan(figures["delta_spark"]), last
+        assert math.isnan(figures["delta_spark_to_plain"]), last
 
     table = _csv(tmp_path)
     main = [r for r in table if r["section"] == "main"]
-    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 8, 9]
+    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     # Rows 8 and 9: the same events as Confluent-framed Avro behind the development registry.
     rps = {int(r["row"]): float(r["records_per_s"]) for r in main if r["verified"] == "True"}
     assert figures["avro_ratio"] == pytest.approx(rps[8] / rps[9], rel=0.01), last
+    if jars:  # row 7: the plain foreachBatch write the delta-spark sink is measured against
+        assert figures["delta_spark_to_plain"] == pytest.approx(rps[6] / rps[7], rel=0.01), last
     for row in main:
-        if row["row"] == "6" and not jars:
+        if row["row"] in ("6", "7") and not jars:
             assert row["verified"] == "skipped" and "no delta-spark jars" in row["note"], row
             continue
         assert row["verified"] == "True", row
@@ -104,7 +109,7 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert float(row["peak_rss_mb"]) > 0, row
         if int(row["row"]) >= 2:  # every Delta table holds each id exactly once
             assert int(row["distinct_ids"]) == 3000, row
-    for row in (r for r in main if int(r["row"]) in (4, 5, 6, 8) and r["verified"] == "True"):
+    for row in (r for r in main if int(r["row"]) in (4, 5, 6, 7, 8) and r["verified"] == "True"):
         assert float(row["startup_s"]) > 0, row
         assert int(row["batches"]) == 2, row  # 3000 records at 1500 per trigger
         # The driver's own peak (Python, and its JVM apart), and the start-up's phases.
@@ -353,7 +358,8 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
     assert report.last_line(results) == (
         "bench: pipeline_rps=90000 simple_ingest_rps=150000 ratio_to_simple=0.6000 "
         "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
-        "driver_rss_ratio=nan delta_spark_rps=nan avro_ratio_to_simple=nan"
+        "driver_rss_ratio=nan delta_spark_rps=nan delta_spark_to_plain=nan "
+        "avro_ratio_to_simple=nan"
     )
     results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
     for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
@@ -368,10 +374,17 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         results.memory.append(rows.Row(0, "rss", 1, size, extra={"driver_peak_mb": peak}))
     assert report.last_line(results).endswith(
         "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
-        "driver_rss_ratio=1.050 delta_spark_rps=nan avro_ratio_to_simple=nan"
+        "driver_rss_ratio=1.050 delta_spark_rps=nan delta_spark_to_plain=nan "
+        "avro_ratio_to_simple=nan"
     )
     results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
-    assert report.last_line(results).endswith("delta_spark_rps=30000 avro_ratio_to_simple=nan")
+    assert report.last_line(results).endswith(
+        "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan"
+    )
+    results.rows.append(rows.Row(7, "plain foreachBatch", 20_000, rps=40_000.0, verified=True))
+    assert report.last_line(results).endswith(
+        "delta_spark_rps=30000 delta_spark_to_plain=0.7500 avro_ratio_to_simple=nan"
+    )
     results.rows += [
         rows.Row(8, "avro pipeline", 20_000, rps=60_000.0, verified=True),
         rows.Row(9, "avro simple", 20_000, rps=80_000.0, verified=True),

@@ -1,5 +1,10 @@
-"""Row 5's pipeline: the generated pipeline with its exactly-once machinery left out (no txn, no
-stored offsets, no fencing, no commit-back), so the bench can measure what that machinery costs.
+"""Rows 5 and 7: the generated pipeline with its exactly-once machinery left out (no stored
+offsets, no fencing, no commit-back), so the bench can measure what that machinery costs.
+
+- Row 5 (delta-rs sink): no txn either.
+- Row 7 (delta-spark sink): the idempotent write Databricks documents for ``foreachBatch``,
+  ``batch_df.write.format("delta").option("txnAppId", ...).option("txnVersion", batch_id)
+  .mode("append")``, the anchor the delta-spark sink is measured against (issue 18).
 
 It lives here, not in the product: a pipeline never runs this way. The rows are written by the
 sink's own writer (the delta-rs sink's task-written files, committed with no commit properties;
@@ -19,9 +24,9 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 10
 
 
-def plain_append(sink: Any, rows: Any) -> int:
-    """Append ``rows`` (what ``sink.materialize`` returned) with no txn, offsets or fencing;
-    the number of rows written."""
+def plain_append(sink: Any, rows: Any, txn: tuple[str, int] | None = None) -> int:
+    """Append ``rows`` (what ``sink.materialize`` returned) with no offsets or fencing; the
+    number of rows written. ``txn``: ``(txnAppId, txnVersion)`` of the delta-spark write."""
     if hasattr(sink, "_commit_files"):  # the delta-rs sink: files written by Spark's tasks
         from deltalake.exceptions import CommitFailedError
 
@@ -37,12 +42,16 @@ def plain_append(sink: Any, rows: Any) -> int:
         raise RuntimeError(f"lost the commit race {ATTEMPTS} times on {sink.table_uri}")
     frame = sink._frame(rows)  # the delta-spark sink: a plain append of the batch
     count = frame.count()
-    frame.write.format("delta").mode("append").save(sink.table_uri)
+    writer = frame.write.format("delta").mode("append")
+    if txn is not None:
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
+    writer.save(sink.table_uri)
     return int(count)
 
 
-def plain_pipeline(base: type) -> type:
-    """A subclass of the generated ``Pipeline`` whose batches are plain appends."""
+def plain_pipeline(base: type, txn: bool = False) -> type:
+    """A subclass of the generated ``Pipeline`` whose batches are plain appends; with ``txn``,
+    each carries ``(pipeline id, batch id)`` as its txn (row 7)."""
 
     class PlainPipeline(base):  # type: ignore[misc,valid-type]
         # The sink's share of a batch; the bench times it, as it times commit_batch in row 4.
@@ -52,7 +61,8 @@ def plain_pipeline(base: type) -> type:
             started = time.perf_counter()
             batch = self.sink.materialize(self.transform(df))
             try:
-                rows = self.append(self.sink, batch.rows)
+                ident = (self.config.pipeline_id, batch_id) if txn else None
+                rows = self.append(self.sink, batch.rows, ident)
             finally:
                 batch.release()
             self.summary.batches += 1
@@ -60,6 +70,6 @@ def plain_pipeline(base: type) -> type:
             self.summary.batch_seconds.append(time.perf_counter() - started)
             # The progress line's head, as the pipeline logs it: start-up's "first batch" ends
             # at the first one (benchlib/startup.py).
-            log.info("batch=%d rows_written=%d (plain append)", batch_id, rows)
+            log.info("batch=%d rows_written=%d (plain append%s)", batch_id, rows, ", txn" * txn)
 
     return PlainPipeline

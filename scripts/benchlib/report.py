@@ -27,6 +27,7 @@ HEADLINE = {
     "overhead_pct": "{:.2f}",
     "driver_rss_ratio": "{:.3f}",
     "delta_spark_rps": "{:.0f}",
+    "delta_spark_to_plain": "{:.4f}",
     "avro_ratio_to_simple": "{:.4f}",
 }
 
@@ -38,7 +39,7 @@ def say(message: str) -> None:
 @dataclass
 class Results:
     args: argparse.Namespace
-    rows: list[Row] = field(default_factory=list)  # rows 1-6, repeats included
+    rows: list[Row] = field(default_factory=list)  # the main rows, repeats included
     sweep: list[Row] = field(default_factory=list)
     memory: list[Row] = field(default_factory=list)  # RSS points, then the many-batch run
     problems: list[str] = field(default_factory=list)
@@ -89,6 +90,7 @@ def headline(results: Results) -> dict[str, float]:
         "overhead_pct": (off - pipeline) / off * 100,
         "driver_rss_ratio": memory.peak_ratio(peaks),
         "delta_spark_rps": _rps(rows, 6),
+        "delta_spark_to_plain": _rps(rows, 6) / _rps(rows, 7),
         "avro_ratio_to_simple": _rps(rows, 8) / _rps(rows, 9),
     }
 

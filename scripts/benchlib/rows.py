@@ -17,7 +17,7 @@ ROW_NAMES = {
     4: "pipeline exactly-once on (delta-rs sink)",
     5: "pipeline exactly-once off (delta-rs sink)",
     6: "pipeline exactly-once on (delta-spark sink)",
-    # (7 is kept for a plain foreachBatch write, issue 18.)
+    7: "plain foreachBatch write with txn (delta-spark)",
     8: "pipeline exactly-once on, Avro (delta-rs sink)",
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
 }

@@ -1,4 +1,4 @@
-"""Workers that run the generated pipeline (rows 4-6, the sweep, the memory runs), each in its
+"""Workers that run the generated pipeline (rows 4-8, the sweep, the memory runs), each in its
 own process started by :mod:`.procs`. The engine itself is untouched: a subclass of its
 ``Pipeline`` records when each batch committed, how long its sink took and the driver's RSS.
 
@@ -153,7 +153,11 @@ def _run_pipeline(
     exactly_once = run.get("exactly_once", True)
     if not exactly_once:
         config = config.with_overrides(**{"commit_back.enabled": False})
-    base = pipeline_mod.Pipeline if exactly_once else plain_pipeline(pipeline_mod.Pipeline)
+    base = (
+        pipeline_mod.Pipeline
+        if exactly_once
+        else plain_pipeline(pipeline_mod.Pipeline, txn=run.get("txn", False))
+    )
 
     class TimedPipeline(base):  # type: ignore[valid-type,misc]
         """Records each batch when its commit returned (see BATCH), and logs when the stream
