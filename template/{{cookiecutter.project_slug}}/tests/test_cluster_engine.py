@@ -330,30 +330,84 @@ def _ids(spark, *ids: int):
     return spark.createDataFrame([(i,) for i in ids], "id long")
 
 
-def test_a_delta_spark_batch_reads_the_history_in_its_check_and_once_more_to_confirm(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    uri, new_sink = _delta_spark_sink(spark, tmp_path)
-    from delta.tables import DeltaTable as SparkDeltaTable
+def _spark_jobs(spark, group: str, action):
+    """(what ``action()`` returned, the Spark jobs it ran), counted by job group."""
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        result = action()
+    finally:
+        context.setJobGroup("after-" + group, "")
+    return result, list(context.statusTracker().getJobIdsForGroup(group))
 
+
+def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: Path) -> None:
+    # The check and the read-back read the log with delta-rs, and the rows come from the
+    # commit's own metrics: beside the write itself (the same jobs as the plain append Databricks
+    # documents for foreachBatch, on a table of the same length), a batch costs no Spark job.
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    plain = str(tmp_path / "plain")
     sink = new_sink()
     first = BatchCommit("p", "p.q", 0, {"o": {0: 1}})
-    assert not sink.check(first, {})
-    assert sink.commit_batch(_ids(spark, 1), first, {}).written
-    reads: list[int | None] = []
-    history = SparkDeltaTable.history
-
-    def counted(self, limit=None):
-        reads.append(limit)
-        return history(self) if limit is None else history(self, limit)
-
-    monkeypatch.setattr(SparkDeltaTable, "history", counted)
+    sink.commit_batch(_ids(spark, 1), first, {})
+    _ids(spark, 1).write.format("delta").option("txnAppId", "x").option("txnVersion", "0").save(
+        plain
+    )
+    frame = _ids(spark, 2, 3).persist()
+    frame.count()
     second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
-    assert not sink.check(second, {"o": {0: 1}})
-    assert len(reads) == 1
-    # The write reuses what the check read; the one read after it confirms the commit is ours.
-    assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).written
-    assert len(reads) == 2
+
+    replay, check_jobs = _spark_jobs(spark, "check", lambda: sink.check(second, {"o": {0: 1}}))
+    result, sink_jobs = _spark_jobs(
+        spark, "sink", lambda: sink.commit_batch(frame, second, {"o": {0: 1}})
+    )
+    _, plain_jobs = _spark_jobs(
+        spark,
+        "plain",
+        lambda: (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", "x")
+            .option("txnVersion", "1")
+            .save(plain)
+        ),
+    )
+
+    assert not replay and check_jobs == []
+    assert result.written and result.rows == 2 and result.delta_version == 1
+    assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+    # A replay is recognised without a job either.
+    assert _spark_jobs(spark, "replay", lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
+
+
+def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A table with a reader feature delta-rs lacks (or on a file system it cannot reach): the
+    # sink says so once and reads the log through Spark; fence, replay and read-back hold.
+    from orders_stream.cluster import offset_store
+    from orders_stream.fencing import FencingError
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    sink.commit_batch(_ids(spark, 1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
+
+    def refuse(table_uri, storage_options):
+        raise OSError("unsupported reader features: ['somethingNew']")
+
+    monkeypatch.setattr(offset_store, "open_table", refuse)
+    sink, rival = new_sink(), new_sink()
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
+    with caplog.at_level("WARNING", logger=offset_store.__name__):
+        assert not sink.check(second, {"o": {0: 1}})
+        assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).rows == 2
+        assert sink.check(second, {"o": {0: 1}})  # a replay, read through Spark
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "delta-rs cannot read the log of" in warning and "somethingNew" in warning
+    assert sink.reader.spark_only is not None
+    with pytest.raises(FencingError, match="another run of the pipeline moved the table on"):
+        rival.commit_batch(_ids(spark, 9), BatchCommit("p", "p.r", 0, {"o": {0: 2}}), {"o": {0: 1}})
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
 
 

@@ -45,11 +45,11 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
 
         source = SparkKafkaSource(config.kafka)
 
+    options = config.delta.storage_options
     if config.engine.sink == "delta_rs":
         from .embedded.offset_store import DeltaRsOffsetStore
         from .embedded.sink import DeltaRsSink
 
-        options = config.delta.storage_options
         return Engine(
             source=source,
             sink=DeltaRsSink(config.delta.table, config.pipeline_id, options, mode=mode),
@@ -66,17 +66,17 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
 
     return Engine(
         source=source,
-        sink=DeltaSparkSink(spark, config.delta.table, config.pipeline_id, mode=mode),
-        offset_store=DeltaSparkOffsetStore(
-            spark, config.delta.table, config.pipeline_id, config.delta.storage_options
+        sink=DeltaSparkSink(
+            spark, config.delta.table, config.pipeline_id, mode=mode, storage_options=options
         ),
+        offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id, options),
         dead_letter_sink=(
-            DeltaSparkSink(spark, dead_table, config.pipeline_id) if dead_table else None
+            DeltaSparkSink(spark, dead_table, config.pipeline_id, storage_options=options)
+            if dead_table
+            else None
         ),
         dead_letter_offsets=(
-            DeltaSparkOffsetStore(
-                spark, dead_table, config.pipeline_id, config.delta.storage_options
-            )
+            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id, options)
             if dead_table
             else None
         ),

@@ -1,15 +1,29 @@
-"""The pipeline's stored offsets in a table read with delta-spark (the delta-spark sink's)."""
+"""The pipeline's stored offsets in a table written with delta-spark (the delta-spark sink's).
+
+The sink reads the log twice a batch (its check, then the read-back that proves the commit is
+this batch's) and the offset store at every start. Spark's own reader of the history
+(``DeltaTable.history()``) costs a query and a snapshot update each time; delta-rs reads the
+same log directly: one snapshot kept open and brought up to date by listing the log for new
+commits, about a millisecond. :class:`TableLogReader` reads through delta-rs, and through Spark
+only a table delta-rs cannot open (a reader feature it lacks, a file system it cannot reach),
+saying so once. Either way :func:`..stored_offsets.read_stored` reads the same commits, so the
+guarantees do not depend on which engine read them.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
 
+from ..embedded.offset_store import DeltaRsLog, open_table
 from ..offsets import StoredOffsets
-from ..stored_offsets import read_stored
+from ..stored_offsets import TableLog, read_stored
 from .commit_copies import CommitCopies
+
+log = logging.getLogger(__name__)
 
 
 def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
@@ -22,9 +36,10 @@ def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
 
 
 class DeltaSparkLog:
-    """A table's log as :func:`..stored_offsets.read_stored` reads it: the history through
-    delta-spark (a Spark job), txn actions through delta-rs (delta-spark's Python API has no
-    reader of them; opened only when asked), the commit copies through Spark's file system."""
+    """A table's log as :func:`..stored_offsets.read_stored` reads it through Spark, for a
+    table delta-rs cannot open: the history through delta-spark (a query), txn actions through
+    delta-rs (delta-spark's Python API has no reader of them; opened only when asked), the
+    commit copies through Spark's file system."""
 
     def __init__(
         self,
@@ -60,17 +75,66 @@ class DeltaSparkLog:
         return self.copies.read(seq) if self.copies is not None else None
 
 
+class TableLogReader:
+    """One table's log as the delta-spark sink and its offset store read it (see the module
+    docstring): a delta-rs snapshot kept between reads and updated incrementally, or Spark's
+    history when delta-rs cannot open the table."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        table_uri: str,
+        copies: CommitCopies,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.table_uri = table_uri
+        self.copies = copies
+        self.storage_options = dict(storage_options or {})
+        self._snapshot: Any | None = None
+        # Why delta-rs cannot read this table, once it failed to: Spark reads it from then on.
+        self.spark_only: str | None = None
+
+    def read(self) -> TableLog | None:
+        """The log as it is now; None when there is no Delta table at the location."""
+        if self.spark_only is None:
+            try:
+                snapshot = self._latest()
+            except Exception as exc:  # a reader feature, a scheme or a credential delta-rs lacks
+                self.spark_only = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                log.warning(
+                    "delta-rs cannot read the log of %s (%s): Spark reads it, one query a read",
+                    self.table_uri,
+                    self.spark_only,
+                )
+            else:
+                return None if snapshot is None else DeltaRsLog(snapshot, self.copies.read)
+        table = delta_table(self.spark, self.table_uri)
+        if table is None:
+            return None
+        return DeltaSparkLog(table, self.table_uri, self.copies, self.storage_options)
+
+    def _latest(self) -> Any | None:
+        if self._snapshot is not None:
+            try:
+                self._snapshot.update_incremental()
+                return self._snapshot
+            except Exception:
+                # The table was replaced or its log cleaned under the snapshot: read it anew.
+                self._snapshot = None
+        self._snapshot = open_table(self.table_uri, self.storage_options)
+        return self._snapshot
+
+
 def newest_stored_in(
-    table: Any,
+    reader: TableLogReader,
     pipeline_id: str,
-    table_uri: str,
     partitions: Callable[[], Mapping[str, list[int]]] | None = None,
-    copies: CommitCopies | None = None,
-    storage_options: dict[str, str] | None = None,
 ) -> StoredOffsets | None:
-    """This pipeline's stored offsets in ``table`` (see :mod:`..stored_offsets`)."""
-    log = DeltaSparkLog(table, table_uri, copies, storage_options)
-    return read_stored(log, pipeline_id, partitions)
+    """This pipeline's stored offsets in the table ``reader`` reads (see
+    :mod:`..stored_offsets`); None when there is no table or no commit of the pipeline."""
+    table_log = reader.read()
+    return None if table_log is None else read_stored(table_log, pipeline_id, partitions)
 
 
 class DeltaSparkOffsetStore:
@@ -89,16 +153,12 @@ class DeltaSparkOffsetStore:
         self.pipeline_id = pipeline_id
         self.storage_options = dict(storage_options or {})
         self.copies = CommitCopies(spark, table_uri, pipeline_id)
+        self.reader = TableLogReader(spark, table_uri, self.copies, self.storage_options)
 
     def read(
         self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
     ) -> StoredOffsets | None:
-        table = delta_table(self.spark, self.table_uri)
-        if table is None:
-            return None
-        stored = newest_stored_in(
-            table, self.pipeline_id, self.table_uri, partitions, self.copies, self.storage_options
-        )
+        stored = newest_stored_in(self.reader, self.pipeline_id, partitions)
         if stored is not None:
             # A crash between a commit and its copy left none: keep it now, while the log
             # still holds the commit.

@@ -27,6 +27,11 @@ Idempotence (I2): a replay is recognised before writing from the identity ``(app
 batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
 same checkpoint that commits the batch first makes this one a replay too.
 
+Reading the log: the check and the read-back read the pipeline's commits through
+:class:`.offset_store.TableLogReader` (delta-rs, no Spark job; Spark only for a table delta-rs
+cannot open). The rows a commit wrote come from its own ``operationMetrics`` (read back with
+it), so an append runs one Spark job: the write.
+
 Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
 per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
 the sink keeps a copy of the commit's record beside the table, named by its fence seq, which
@@ -38,7 +43,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -47,8 +51,9 @@ from ..engine import Materialized, Rows, SinkResult, WriteMode
 from ..faults import crash_point
 from ..fencing import RESTART, FencingError, check_contiguous
 from ..offsets import BatchCommit, Offsets, StoredOffsets, fence_app_id, partitions_of
+from ..stored_offsets import read_stored
 from .commit_copies import CommitCopies
-from .offset_store import delta_table, newest_stored_in
+from .offset_store import TableLogReader, delta_table
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,9 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
+# How many of the newest commits are searched for a batch's own, for its metrics (other
+# writers may have committed after it); beyond them the rows are counted with a Spark job.
+METRICS_LOOKBACK = 10
 
 
 def append_options(commit: BatchCommit) -> dict[str, str]:
@@ -103,15 +111,17 @@ class DeltaSparkSink:
         table_uri: str,
         pipeline_id: str,
         mode: WriteMode | None = None,
+        storage_options: dict[str, str] | None = None,
     ) -> None:
         self.spark = spark
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
         self.mode = mode or WriteMode()
         self.copies = CommitCopies(spark, table_uri, pipeline_id)
-        # What :meth:`check` read for a batch (its identity, table handle, stored offsets), for
-        # :meth:`commit_batch` of the same batch: each read of the history costs a Spark job.
-        self._checked: tuple[tuple[str, int], Any, StoredOffsets | None] | None = None
+        self.reader = TableLogReader(spark, table_uri, self.copies, storage_options)
+        # What :meth:`check` read for a batch (its identity, whether the table exists, stored
+        # offsets), for :meth:`commit_batch` of the same batch.
+        self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
 
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark."""
@@ -121,12 +131,27 @@ class DeltaSparkSink:
         return rows if isinstance(rows, DataFrame) else self.spark.createDataFrame(rows)
 
     def _stored(
-        self, table: object | None, commit: BatchCommit, start: Offsets | None
-    ) -> StoredOffsets | None:
-        if table is None:
-            return None
+        self, commit: BatchCommit, start: Offsets | None
+    ) -> tuple[bool, StoredOffsets | None]:
+        """(whether the table exists, the pipeline's stored offsets in it), as the log is now."""
+        table_log = self.reader.read()
+        if table_log is None:
+            return False, None
         names = partitions_of(commit.end_offsets, start or {})
-        return newest_stored_in(table, self.pipeline_id, self.table_uri, lambda: names, self.copies)
+        return True, read_stored(table_log, self.pipeline_id, lambda: names)
+
+    def _rows_committed(self, version: int, frame: DataFrame) -> int:
+        """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
+        read from the log the read-back just brought up to date; counted with a Spark job
+        only when the writer recorded no metrics (``spark.databricks.delta.history.
+        metricsEnabled`` off)."""
+        table_log = self.reader.read()
+        newest = table_log.history(METRICS_LOOKBACK) if table_log is not None else ()
+        entry = next((e for e in newest if e.get("version") == version), None)
+        metrics = entry.get("operationMetrics") if entry is not None else None
+        if isinstance(metrics, dict) and str(metrics.get("numOutputRows", "")).isdigit():
+            return int(metrics["numOutputRows"])
+        return int(frame.count())
 
     @staticmethod
     def _is_replay(stored: StoredOffsets | None, commit: BatchCommit) -> bool:
@@ -141,27 +166,24 @@ class DeltaSparkSink:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
         self._checked = None
-        table = delta_table(self.spark, self.table_uri)
-        stored = self._stored(table, commit, start)
+        exists, stored = self._stored(commit, start)
         if self._is_replay(stored, commit):
             return True
         check_contiguous(stored, start, commit)
-        self._checked = ((commit.app_id, commit.batch_id), table, stored)
+        self._checked = ((commit.app_id, commit.batch_id), exists, stored)
         return False
 
     def commit_batch(
         self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
     ) -> SinkResult:
-        # One handle for the checks and the write; its history() reads the log as it is now.
         # A batch that passed check() keeps what it read there: a run that commits in between
         # takes the fence seq this batch would write, so delta-spark skips this write and the
         # read-back below raises FencingError, exactly as for a race during the write itself.
         checked, self._checked = self._checked, None
         if checked is not None and checked[0] == (commit.app_id, commit.batch_id):
-            _, table, stored = checked
+            _, exists, stored = checked
         else:
-            table = delta_table(self.spark, self.table_uri)
-            stored = self._stored(table, commit, start)
+            exists, stored = self._stored(commit, start)
         if self._is_replay(stored, commit):
             log.info(
                 "batch %d of %s is already in the table (%s): replay skipped",
@@ -173,11 +195,13 @@ class DeltaSparkSink:
         check_contiguous(stored, start, commit)
         commit = commit.on_top_of(stored)
         frame = self._frame(rows)
-        count = frame.count()
+        # An upsert MERGEs a non-empty batch into an existing table; anything else appends.
+        count = frame.count() if self.mode.kind == "upsert" and exists else None
         try:
-            if self.mode.kind == "upsert" and table is not None and count > 0:
+            if count:
                 merge = (
-                    table.alias("t")
+                    delta_table(self.spark, self.table_uri)
+                    .alias("t")
                     .merge(frame.alias("s"), self.mode.merge_predicate())
                     .whenMatchedUpdateAll(condition=self.mode.update_predicate())
                     .whenNotMatchedInsertAll()
@@ -198,8 +222,7 @@ class DeltaSparkSink:
             if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
                 raise
             log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, exc)
-        written = table if table is not None else delta_table(self.spark, self.table_uri)
-        after = self._stored(written, commit, start)
+        _, after = self._stored(commit, start)
         if after is not None and (after.app_id, after.batch_id, after.seq) == (
             commit.app_id,
             commit.batch_id,
@@ -209,6 +232,8 @@ class DeltaSparkSink:
             # Only now, with the commit read back as this batch's, is the copy written.
             crash_point("before_commit_copy")
             self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
+            if count is None:
+                count = self._rows_committed(after.delta_version, frame)
             return SinkResult(written=True, rows=count, delta_version=after.delta_version)
         if self._is_replay(after, commit):
             # A concurrent run of this checkpoint committed the same batch first.
