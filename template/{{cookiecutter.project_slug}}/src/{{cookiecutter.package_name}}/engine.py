@@ -117,6 +117,11 @@ class Sink(Protocol):
         again here, atomically with the commit."""
         ...
 
+    def worker_modules(self) -> tuple[str, ...]:
+        """Modules this sink's Spark tasks import in their Python workers (warmed before the
+        first batch, :mod:`.python_workers`); () when its tasks run no Python."""
+        ...
+
 
 class OffsetStore(Protocol):
     def read(
@@ -146,6 +151,11 @@ class Source(Protocol):
         is new; ``resuming``: the checkpoint already holds a plan (Spark ignores starting
         offsets then). With ``decode``, the records decoded by it (:mod:`.decoding`): typed
         value columns, the Kafka columns, ``_error`` and the original bytes of bad records."""
+        ...
+
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """Modules this source's Spark tasks import in their Python workers (warmed before
+        the first batch, :mod:`.python_workers`), ``decode``'s decoders included."""
         ...
 
 

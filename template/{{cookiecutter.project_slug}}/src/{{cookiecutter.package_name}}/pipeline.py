@@ -35,6 +35,7 @@ from .graceful_stop import StopGate
 from .kafka_admin import KafkaAdmin, lag
 from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from .progress import BatchProgress, ProgressListener
+from .python_workers import warm_up
 from .recovery import judge, set_aside
 from .run_lease import RunLease
 from .topic_identity import TopicRecreatedError, forget_recreated, recreated_topics
@@ -267,6 +268,12 @@ class Pipeline:
             from .decoding.resolve import build_decode_spec
 
             decode = build_decode_spec(self.spark, self.config, self._writer_schema_ids)
+        # Until the first batch's tasks run, the executors are idle (the driver registers the
+        # source, starts the query, plans the batch): start their Python workers meanwhile.
+        warm_up(
+            self.spark,
+            self.engine.source.worker_modules(decode) + self.engine.sink.worker_modules(),
+        )
         stream = self.engine.source.stream(
             self.spark, stored, resuming=self.checkpoint.has_plan(), decode=decode
         )

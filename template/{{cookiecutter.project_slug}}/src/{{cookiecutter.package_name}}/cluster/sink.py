@@ -123,6 +123,9 @@ class DeltaSparkSink:
         # offsets), for :meth:`commit_batch` of the same batch.
         self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
 
+    def worker_modules(self) -> tuple[str, ...]:
+        return ()  # delta-spark writes in the JVM
+
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark."""
         return split_dead_letters_df(out)

@@ -93,6 +93,12 @@ class SparkKafkaSource:
         partitions = admin.partitions(self.kafka.topics)
         return starting_offsets(stored.offsets, partitions, self.kafka.starting_offsets)
 
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """Spark's kafka source reads in the JVM; only decoding (``mapInArrow``) runs Python."""
+        from ..decoding.decoder import decoder_modules
+
+        return decoder_modules(decode) if decode is not None else ()
+
     def stream(
         self,
         spark: SparkSession,

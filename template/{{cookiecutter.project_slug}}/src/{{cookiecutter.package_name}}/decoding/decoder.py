@@ -64,6 +64,17 @@ def output_schema(spec: DecodeSpec) -> pa.Schema:
     )
 
 
+def decoder_modules(spec: DecodeSpec) -> tuple[str, ...]:
+    """The modules a task imports to decode with ``spec`` (to warm its workers)."""
+    formats = {f.format for f in (spec.value, spec.key) if f is not None}
+    names = {"avro": "avro_decoder", "protobuf": "protobuf_decoder", "json": "json_decoder"}
+    return (
+        __name__,
+        *(f"{__package__}.{names[f]}" for f in sorted(formats) if f in names),
+        *((f"{__package__}.registry",) if spec.registry is not None else ()),
+    )
+
+
 def _part_decoder(field: FieldSpec, spec: DecodeSpec, part: str) -> PartDecoder:
     registry = None
     if spec.registry is not None:

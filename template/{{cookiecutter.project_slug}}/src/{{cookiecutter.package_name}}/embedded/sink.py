@@ -163,6 +163,10 @@ class DeltaRsSink:
     def _table(self) -> DeltaTable | None:
         return open_table(self.table_uri, self.storage_options)
 
+    def worker_modules(self) -> tuple[str, ...]:
+        """The write task's (``mapInArrow`` of :class:`.file_writer.TaskWriter`)."""
+        return (TaskWriter.__module__, "pyarrow.parquet")
+
     def materialize(self, out: DataFrame) -> Materialized:
         """Append: ONE Spark job in which every task writes its rows as data files of the table
         and returns their metadata and the positions of its dead letters; neither the rows nor

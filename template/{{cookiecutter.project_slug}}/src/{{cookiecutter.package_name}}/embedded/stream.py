@@ -49,6 +49,13 @@ class EmbeddedSource:
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
 
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """The read task's: the data source, confluent-kafka and the decoders."""
+        from ..decoding.decoder import decoder_modules
+
+        read = ("confluent_kafka", KafkaDataSource.__module__)
+        return read + (decoder_modules(decode) if decode is not None else ())
+
     def stream(
         self,
         spark: SparkSession,

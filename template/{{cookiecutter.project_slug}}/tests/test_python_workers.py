@@ -1,0 +1,92 @@
+"""The first batch's Python workers are started while the stream is set up
+(:mod:`{{ cookiecutter.package_name }}.python_workers`): the modules warmed are imported in the very workers
+Spark then reuses, every module an engine names exists, and a failed warm-up changes nothing."""
+
+from __future__ import annotations
+
+import importlib
+
+import pyarrow as pa
+import pytest
+
+from {{ cookiecutter.package_name }}.cluster.source import SparkKafkaSource
+from {{ cookiecutter.package_name }}.config import KafkaConfig
+from {{ cookiecutter.package_name }}.decoding.spec import DecodeSpec, FieldSpec, RegistrySettings
+from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink
+from {{ cookiecutter.package_name }}.embedded.stream import EmbeddedSource
+from {{ cookiecutter.package_name }}.python_workers import warm_up
+
+pytestmark = pytest.mark.spark
+
+# A standard-library module nothing in Spark, this project or its tests imports: it is in a
+# worker only if the warm-up put it there.
+PROBE = "colorsys"
+
+
+def _imported_in_workers(spark, module: str) -> list[bool]:
+    """Whether ``module`` is imported in the Python worker of each of one task per core."""
+    tasks = spark.sparkContext.defaultParallelism
+
+    def probe(batches):
+        import sys
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"imported": [module in sys.modules] * batch.num_rows})
+
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "imported boolean").collect()
+    return [row.imported for row in rows]
+
+
+def test_the_warmed_modules_are_imported_in_the_workers_the_next_tasks_reuse(spark) -> None:
+    assert spark.sparkContext.getConf().get("spark.python.worker.reuse", "true") == "true"
+    assert not any(_imported_in_workers(spark, PROBE))  # the probe is not vacuous
+
+    thread = warm_up(spark, [PROBE])
+    assert thread is not None
+    thread.join(timeout=120)
+
+    assert not thread.is_alive()
+    assert all(_imported_in_workers(spark, PROBE))
+
+
+def test_a_warm_up_that_fails_is_ignored(spark, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="{{ cookiecutter.package_name }}.python_workers"):
+        thread = warm_up(spark, ["no_such_module_anywhere"])
+        assert thread is not None
+        thread.join(timeout=120)
+    assert any("warming the Python workers failed" in r.getMessage() for r in caplog.records)
+    assert warm_up(spark, []) is None  # nothing to warm: no job
+    assert spark.range(3).count() == 3  # the session is untouched
+
+
+def test_every_module_an_engine_warms_exists() -> None:
+    # A renamed module would make the warm-up fail quietly (and the first batch slow again).
+    order = pa.schema([pa.field("id", pa.int64())])
+    spec = DecodeSpec(
+        FieldSpec("avro", "confluent", order),
+        key=FieldSpec("protobuf", "confluent", order, message="Key"),
+        registry=RegistrySettings("http://127.0.0.1:1"),
+    )
+    kafka = KafkaConfig(bootstrap_servers="127.0.0.1:1", topics=("t",), consumer_group="g")
+    names = {
+        *EmbeddedSource(kafka).worker_modules(spec),
+        *EmbeddedSource(kafka).worker_modules(DecodeSpec(FieldSpec("json", "none", order))),
+        *SparkKafkaSource(kafka).worker_modules(spec),
+        *DeltaRsSink("/tmp/unused", "p").worker_modules(),
+    }
+    assert {
+        "{{ cookiecutter.package_name }}.embedded.source",
+        "{{ cookiecutter.package_name }}.embedded.file_writer",
+        "{{ cookiecutter.package_name }}.decoding.avro_decoder",
+        "{{ cookiecutter.package_name }}.decoding.protobuf_decoder",
+        "{{ cookiecutter.package_name }}.decoding.json_decoder",
+        "{{ cookiecutter.package_name }}.decoding.registry",
+        "confluent_kafka",
+    } <= names
+    for name in names:
+        importlib.import_module(name)
+    assert EmbeddedSource(kafka).worker_modules(None) == (
+        "confluent_kafka",
+        "{{ cookiecutter.package_name }}.embedded.source",
+    )
+    assert SparkKafkaSource(kafka).worker_modules(None) == ()
