@@ -3,8 +3,11 @@ confluent-kafka directly: an independent check of whatever engine wrote the tabl
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from deltalake import DeltaTable
 
@@ -12,6 +15,23 @@ from {{ cookiecutter.package_name }}.checkpoint import CheckpointLog
 from {{ cookiecutter.package_name }}.config import PipelineConfig
 from {{ cookiecutter.package_name }}.embedded.offset_store import DeltaRsOffsetStore
 from {{ cookiecutter.package_name }}.kafka_admin import KafkaAdmin, total_lag
+
+T = TypeVar("T")
+
+
+def spark_jobs(spark, action: Callable[[], T]) -> tuple[T, list[int]]:
+    """(what ``action()`` returned, the Spark jobs it ran on this thread). The jobs are counted
+    by a job group of their own: the suites share one session, and Spark's status tracker keeps
+    every job a group name ever had, so a name another test used would count its jobs too."""
+    context = spark.sparkContext
+    group = f"count-{uuid.uuid4().hex}"
+    context.setJobGroup(group, group)
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
+    return result, list(context.statusTracker().getJobIdsForGroup(group))
 
 
 def table_ids(cfg: PipelineConfig) -> Counter[int]:

@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.offsets import (
     newest_stored_paged,
     parse_user_metadata,
 )
+from support import spark_jobs
 
 COMMIT = BatchCommit("orders", "orders.q-1", 7, {"orders": {0: 120, 1: 80}}, seq=12)
 
@@ -330,17 +331,6 @@ def _ids(spark, *ids: int):
     return spark.createDataFrame([(i,) for i in ids], "id long")
 
 
-def _spark_jobs(spark, group: str, action):
-    """(what ``action()`` returned, the Spark jobs it ran), counted by job group."""
-    context = spark.sparkContext
-    context.setJobGroup(group, group)
-    try:
-        result = action()
-    finally:
-        context.setJobGroup("after-" + group, "")
-    return result, list(context.statusTracker().getJobIdsForGroup(group))
-
-
 def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: Path) -> None:
     # The check and the read-back read the log with delta-rs, and the rows come from the
     # commit's own metrics: beside the write itself (the same jobs as the plain append Databricks
@@ -357,13 +347,10 @@ def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: P
     frame.count()
     second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
 
-    replay, check_jobs = _spark_jobs(spark, "check", lambda: sink.check(second, {"o": {0: 1}}))
-    result, sink_jobs = _spark_jobs(
-        spark, "sink", lambda: sink.commit_batch(frame, second, {"o": {0: 1}})
-    )
-    _, plain_jobs = _spark_jobs(
+    replay, check_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
+    result, sink_jobs = spark_jobs(spark, lambda: sink.commit_batch(frame, second, {"o": {0: 1}}))
+    _, plain_jobs = spark_jobs(
         spark,
-        "plain",
         lambda: (
             frame.write.format("delta")
             .mode("append")
@@ -378,7 +365,7 @@ def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: P
     assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
     # A replay is recognised without a job either.
-    assert _spark_jobs(spark, "replay", lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
+    assert spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
 
 
 def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(

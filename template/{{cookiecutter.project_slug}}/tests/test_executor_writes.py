@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.embedded.file_writer import (
 from {{ cookiecutter.package_name }}.embedded.sink import DeltaRsSink, FencingError
 from {{ cookiecutter.package_name }}.engine import WriteMode
 from {{ cookiecutter.package_name }}.offsets import BatchCommit
+from support import spark_jobs
 
 
 def _rows(*ids: int) -> pa.Table:
@@ -391,15 +392,10 @@ def test_one_spark_job_writes_the_files_and_finds_the_dead_letters(spark, tmp_pa
         (F.col("id") + 100).alias("offset"),
         F.when(bad, F.concat(F.lit("bad "), F.col("id").cast("string"))).alias("_error"),
     )
-    context = spark.sparkContext
-    context.setJobGroup("materialize", "materialize")
-    try:
-        batch = sink.materialize(out)
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)
+    batch, jobs = spark_jobs(spark, lambda: sink.materialize(out))
 
     # Kafka is read once: the same job wrote the files and set the dead letters aside.
-    assert len(context.statusTracker().getJobIdsForGroup("materialize")) == 1
+    assert len(jobs) == 1
     assert sorted(batch.dead.to_pylist(), key=lambda r: r["offset"]) == [
         {"topic": "t", "partition": 1, "offset": 103, "_error": "bad 3"},
         {"topic": "t", "partition": 0, "offset": 108, "_error": "bad 8"},
