@@ -29,12 +29,14 @@ WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
 # KAFKA_DELTA_JARS=<folder>: every jar in that folder goes on spark.jars instead (an air-gapped
 # machine's copy of the connectors; the template's CI points it at shared/jars/delta-4.4.0).
 JARS_DIR = os.environ.get("KAFKA_DELTA_JARS") or None
+NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
+NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
 
 
 @pytest.fixture(scope="session")
 def spark():
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs Java 17: java is not on PATH and JAVA_HOME is unset")
+    if NO_JAVA:
+        pytest.skip(NEEDS_JAVA)
     from pyspark.sql import SparkSession
 
     from {{ cookiecutter.package_name }}.connectors import (

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NEEDS_JAVA, NO_JAVA
 from {{ cookiecutter.package_name }} import jvm_archive
 from {{ cookiecutter.package_name }}.jvm_archive import DYNAMIC_MAGIC
-
-NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
-NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

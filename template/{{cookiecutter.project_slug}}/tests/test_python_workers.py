@@ -5,10 +5,15 @@ Spark then reuses, every module an engine names exists, and a failed warm-up cha
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
+import textwrap
 
 import pyarrow as pa
 import pytest
 
+from conftest import NEEDS_JAVA, NO_JAVA
 from {{ cookiecutter.package_name }}.cluster.source import SparkKafkaSource
 from {{ cookiecutter.package_name }}.config import KafkaConfig
 from {{ cookiecutter.package_name }}.decoding.spec import DecodeSpec, FieldSpec, RegistrySettings
@@ -23,30 +28,67 @@ pytestmark = pytest.mark.spark
 PROBE = "colorsys"
 
 
-def _imported_in_workers(spark, module: str) -> list[bool]:
-    """Whether ``module`` is imported in the Python worker of each of one task per core."""
+# A fresh session, as a run's, whose only idle Python workers are the first probe's, one per
+# core (it runs before the warm-up, so the probe is not vacuous). The suite's shared session
+# would not do: Spark keeps idle Python workers in a FIFO queue (PythonWorkerFactory), so after
+# earlier tests left more idle workers than cores, the probe's tasks would take ones the warm-up
+# never touched.
+FRESH_SESSION = textwrap.dedent(
+    """
+    import json, sys
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+    from {{ cookiecutter.package_name }}.python_workers import warm_up
+
+    module = sys.argv[1]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     tasks = spark.sparkContext.defaultParallelism
 
-    def probe(batches):
-        import sys
+    def imported() -> list:
+        def probe(batches):
+            for batch in batches:
+                present = [module in sys.modules] * batch.num_rows
+                yield pa.RecordBatch.from_pydict({"imported": present})
 
-        for batch in batches:
-            yield pa.RecordBatch.from_pydict({"imported": [module in sys.modules] * batch.num_rows})
+        frame = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "imported boolean")
+        return [row.imported for row in frame.collect()]
 
-    rows = spark.range(0, tasks, 1, tasks).mapInArrow(probe, "imported boolean").collect()
-    return [row.imported for row in rows]
-
-
-def test_the_warmed_modules_are_imported_in_the_workers_the_next_tasks_reuse(spark) -> None:
-    assert spark.sparkContext.getConf().get("spark.python.worker.reuse", "true") == "true"
-    assert not any(_imported_in_workers(spark, PROBE))  # the probe is not vacuous
-
-    thread = warm_up(spark, [PROBE])
-    assert thread is not None
+    before = imported()
+    thread = warm_up(spark, [module])
     thread.join(timeout=120)
+    print(json.dumps({
+        "reuse": spark.sparkContext.getConf().get("spark.python.worker.reuse", "true"),
+        "tasks": tasks,
+        "before": before,
+        "alive": thread.is_alive(),
+        "after": imported(),
+    }))
+    spark.stop()
+    """
+)
 
-    assert not thread.is_alive()
-    assert all(_imported_in_workers(spark, PROBE))
+
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_the_warmed_modules_are_imported_in_the_workers_the_next_tasks_reuse(tmp_path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", FRESH_SESSION, PROBE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert seen["reuse"] == "true" and seen["tasks"] >= 2, seen
+    assert not any(seen["before"]), seen  # the probe is not vacuous
+    assert not seen["alive"], seen
+    assert seen["after"] == [True] * seen["tasks"], seen
 
 
 def test_a_warm_up_that_fails_is_ignored(spark, caplog: pytest.LogCaptureFixture) -> None:
