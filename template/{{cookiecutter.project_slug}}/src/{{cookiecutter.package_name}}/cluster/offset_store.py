@@ -5,10 +5,9 @@ this batch's) and the offset store at every start. Spark's own reader of the his
 (``DeltaTable.history()``) costs a query and a snapshot update each time; delta-rs reads the
 same log directly, without Spark: a snapshot from the last Delta checkpoint and the commits
 after it (5-7 ms here for a local table). :class:`TableLogReader` reads through delta-rs, and
-through Spark
-only a table delta-rs cannot open (a reader feature it lacks, a file system it cannot reach),
-saying so once. Either way :func:`..stored_offsets.read_stored` reads the same commits, so the
-guarantees do not depend on which engine read them.
+through Spark only a table delta-rs cannot open (a reader feature it lacks, a file system it
+cannot reach), saying so once. Either way :func:`..stored_offsets.read_stored` reads the same
+commits, so the guarantees do not depend on which engine read them.
 """
 
 from __future__ import annotations
