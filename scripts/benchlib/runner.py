@@ -64,8 +64,11 @@ class Bench:
         # Spark's Python workers import the package by name and must run this interpreter.
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.env["PYTHONPATH"] = self.src
-        self.env["PYSPARK_PYTHON"] = sys.executable
-        self.env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        # ... through the project's launcher, as its runs do: Spark's Python processes import the
+        # installed, compiled pyspark instead of Spark's source zip (python_launcher.py).
+        python = importlib.import_module(f"{package}.python_launcher").interpreter(sys.executable)
+        self.env["PYSPARK_PYTHON"] = python
+        self.env["PYSPARK_DRIVER_PYTHON"] = python
         # Spark workers map the JVM class archive the first run records (record_class_archive),
         # kept in this run's folder; SPARK_CLASS_ARCHIVE=off measures starts without one.
         self.archive = importlib.import_module(f"{package}.jvm_archive")

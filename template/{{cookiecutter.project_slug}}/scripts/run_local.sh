@@ -25,8 +25,12 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
     --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
     ${SPARK_SUBMIT_EXTRA:-}"
 fi
-export PYSPARK_PYTHON="$PYTHON" PYSPARK_DRIVER_PYTHON="$PYTHON"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# Spark starts its Python processes with its source zip of pyspark first on PYTHONPATH, which
+# Python compiles anew in each (~1 s apiece): the launcher runs the same interpreter with the
+# installed, compiled pyspark instead (src/{{ cookiecutter.package_name }}/python_launcher.py).
+SPARK_PYTHON="$("$PYTHON" -m {{ cookiecutter.package_name }}.python_launcher)" || SPARK_PYTHON="$PYTHON"
+export PYSPARK_PYTHON="$SPARK_PYTHON" PYSPARK_DRIVER_PYTHON="$SPARK_PYTHON"
 ARGS=("$@")
 case " $* " in
   *" --bootstrap-servers"*) ;;

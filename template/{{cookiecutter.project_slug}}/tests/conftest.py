@@ -21,6 +21,11 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["SPARK_CLASS_ARCHIVE"] = "off"
 
 from {{ cookiecutter.package_name }}.config import PipelineConfig  # noqa: E402
+from {{ cookiecutter.package_name }}.python_launcher import use_for_spark  # noqa: E402
+
+# Spark's Python processes import the installed, compiled pyspark, not Spark's source zip, as in a
+# run (src/{{ cookiecutter.package_name }}/python_launcher.py).
+use_for_spark()
 
 # KAFKA_DELTA_CONNECTORS=packages: the test session fetches the cluster engine's connector jars
 # (delta-spark, spark-sql-kafka) with spark.jars.packages, so its tests run instead of being

@@ -21,6 +21,7 @@ import os
 
 from .config import ENGINE_PRESETS, ConfigError, PipelineConfig, load_config
 from .progress import ProgressListener
+from .python_launcher import use_for_spark
 
 # spark-submit runs this file as __main__: name the logger after the module all the same.
 log = logging.getLogger(f"{__package__}.main" if __name__ == "__main__" else __name__)
@@ -211,8 +212,9 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
     logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
     ``scripts/run_local.sh`` does for spark-submit."""
-    # Spark's Python workers must run this interpreter, where the package is importable.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark's Python workers must run this interpreter, where the package is importable, and
+    # import the installed, compiled pyspark rather than Spark's source zip (python_launcher).
+    use_for_spark()
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
