@@ -4,7 +4,7 @@ template/, without generating a project first: the engine under src/ is plain Py
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -19,13 +19,22 @@ ALIAS = "kafka_delta_template"
 
 
 def load_template_package() -> str:
-    spec = importlib.util.spec_from_file_location(
-        ALIAS, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
+    """Make template/'s package importable as :data:`ALIAS`, in this process and in the ones it
+    starts (the broker's Schema Registry runs as ``python -m <ALIAS>.devtools.registry``): a
+    folder in this interpreter's prefix holds a link named ALIAS to the package, and goes first
+    on ``sys.path`` and on PYTHONPATH."""
+    home = Path(sys.prefix) / "kafka-delta-template"
+    link = home / ALIAS
+    if not (link.is_symlink() and link.resolve() == PACKAGE_DIR.resolve()):
+        home.mkdir(parents=True, exist_ok=True)
+        partial = home / f".{ALIAS}.{os.getpid()}"
+        partial.symlink_to(PACKAGE_DIR, target_is_directory=True)
+        os.replace(partial, link)
+    sys.path.insert(0, str(home))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(home), os.environ.get("PYTHONPATH")) if p
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[ALIAS] = module
-    spec.loader.exec_module(module)
+    importlib.import_module(ALIAS)
     return ALIAS
 
 
