@@ -16,9 +16,10 @@ from PYTHONPATH, and returns its path for ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVE
 launcher checks ``SPARK_HOME`` again at every start: with any other Spark home (a Spark
 distribution, Databricks) it changes nothing. py4j's zip goes only where py4j is installed too.
 
-Only local runs use it (``scripts/run_local.sh``, ``build_spark`` when it starts the JVM, the
-tests, the benchmark). Launchers are kept in ``${XDG_CACHE_HOME:-~/.cache}/spark-python``, one per
-interpreter and pyspark; an unwritable cache costs the speed-up, never the run.
+``scripts/run_local.sh``, ``build_spark``, the tests and the benchmark use it; on Databricks no
+launcher applies (its pyspark is not a pip package with the zips inside). Launchers are kept in
+``${XDG_CACHE_HOME:-~/.cache}/spark-python``, one per interpreter and pyspark; an unwritable cache
+costs the speed-up, never the run.
 
     python -m <pkg>.python_launcher    # the launcher's path, or the interpreter's own
 """
@@ -57,6 +58,7 @@ exec {python} "$@"
 
 
 def folder(env: Mapping[str, str] = os.environ) -> Path:
+    """Where launchers are written."""
     cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "spark-python"
 
