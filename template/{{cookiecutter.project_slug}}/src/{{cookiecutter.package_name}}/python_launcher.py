@@ -34,26 +34,27 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+# Filled in by script(): @NAME@ placeholders, as the shell text is full of braces.
 SCRIPT = """#!/bin/sh
-# Written by {module}: runs {python} without Spark's source zips on PYTHONPATH when
+# Written by @MODULE@: runs @PYTHON@ without Spark's source zips on PYTHONPATH when
 # SPARK_HOME is the pyspark package that interpreter imports (its installed, compiled copy).
-case "${{SPARK_HOME:-}}" in
-  {homes})
+case "${SPARK_HOME:-}" in
+  @HOMES@)
     kept=""
     first=1
-    rest="${{PYTHONPATH:-}}:"
+    rest="${PYTHONPATH:-}:"
     while [ -n "$rest" ]; do
-      entry="${{rest%%:*}}"
-      rest="${{rest#*:}}"
+      entry="${rest%%:*}"
+      rest="${rest#*:}"
       case "$entry" in
-        "$SPARK_HOME/python/lib/pyspark.zip"{py4j}) ;;
+        "$SPARK_HOME/python/lib/pyspark.zip"@PY4J@) ;;
         *) if [ "$first" = 1 ]; then kept="$entry"; first=0; else kept="$kept:$entry"; fi ;;
       esac
     done
     if [ "$first" = 1 ]; then unset PYTHONPATH; else export PYTHONPATH="$kept"; fi
     ;;
 esac
-exec {python} "$@"
+exec @PYTHON@ "$@"
 """
 
 
@@ -81,12 +82,16 @@ def script(python: str) -> str | None:
         return None
     homes = sorted({str(pyspark), os.path.realpath(pyspark)})
     py4j = '|"$SPARK_HOME"/python/lib/py4j-*-src.zip' if installed_package("py4j") else ""
-    return SCRIPT.format(
-        module=__name__,
-        python=shlex.quote(python),
-        homes="|".join(shlex.quote(home) for home in homes),
-        py4j=py4j,
-    )
+    fills = {
+        "@MODULE@": __name__,
+        "@PYTHON@": shlex.quote(python),
+        "@HOMES@": "|".join(shlex.quote(home) for home in homes),
+        "@PY4J@": py4j,
+    }
+    text = SCRIPT
+    for placeholder, value in fills.items():
+        text = text.replace(placeholder, value)
+    return text
 
 
 def interpreter(python: str | None = None, env: Mapping[str, str] = os.environ) -> str:
