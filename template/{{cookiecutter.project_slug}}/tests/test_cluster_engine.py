@@ -138,6 +138,22 @@ def test_a_new_checkpoint_starts_at_the_stored_offsets_of_every_subscribed_parti
     assert source.starting(None) == "earliest"
 
 
+def test_configured_starting_offsets_of_its_own_reach_spark_with_every_partition() -> None:
+    kafka = _kafka(starting_offsets={"orders": {0: 5, 1: -1}})
+    source = SparkKafkaSource(kafka, admin=_Admin())
+
+    # The pipeline's first start: the map's offsets, -2 for a partition it leaves out (Spark
+    # refuses a map without every partition of the subscription).
+    options = spark_kafka_options(kafka, source.starting(None), 2)
+    assert json.loads(options["startingOffsets"]) == {
+        "orders": {"0": 5, "1": -1, "2": -2},
+        "payments": {"0": -2},
+    }
+    # Once the table stores offsets, they win, and a partition without one starts at earliest.
+    stored = StoredOffsets({"orders": {0: 50}}, 4, "orders.q", 2)
+    assert source.starting(stored) == {"orders": {"0": 50, "1": -2, "2": -2}, "payments": {"0": -2}}
+
+
 def test_append_carries_txn_and_offsets_as_writer_options() -> None:
     options = append_options(COMMIT)
 

@@ -54,6 +54,14 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
         (lambda d: d["kafka"].pop("bootstrap_servers"), "kafka.bootstrap_servers: is required"),
         (lambda d: d["kafka"].update(max_records_per_trigger=0), "kafka.max_records_per_trigger"),
         (lambda d: d["kafka"].update(starting_offsets="middle"), "kafka.starting_offsets"),
+        (
+            lambda d: d["kafka"].update(starting_offsets={"elsewhere": {0: 5}}),
+            "starting_offsets names topic(s) ['elsewhere'] that kafka.topics does not list",
+        ),
+        (
+            lambda d: d["kafka"].update(starting_offsets={d["kafka"]["topics"][0]: {0: -3}}),
+            "-2 (earliest) / -1 (latest)",
+        ),
         (lambda d: d["kafka"].update(client={"group.id": "x"}), "manages itself"),
         (lambda d: d["trigger"].update(mode="sometimes"), "trigger.mode"),
         (lambda d: d.update(pipeline_id="has space"), "pipeline_id"),

@@ -5,6 +5,7 @@ tables are checked with delta-rs directly."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,40 @@ def test_a_new_checkpoint_reads_a_topic_added_since_from_its_earliest_even_when_
 
     assert_exactly_once(both, 120)
     assert_offsets_agree(both)
+
+
+def test_a_first_run_at_latest_or_at_offsets_of_its_own_says_what_it_skips_and_lands_the_rest(
+    spark, kafka_bootstrap, new_topics, make_config, caplog, tmp_path: Path
+) -> None:
+    at_latest, at_offsets = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, [at_latest], 40)  # 20 records in each partition
+    produce_events(kafka_bootstrap, [at_offsets], 40, first_id=40)
+    latest = make_config([at_latest], starting_offsets="latest")
+    chosen = make_config(
+        [at_offsets], starting_offsets={at_offsets: {0: 10, 1: -1}}, max_records_per_trigger=15
+    ).with_overrides(
+        **{"delta.table": str(tmp_path / "chosen"), "checkpoint": str(tmp_path / "chosen_cp")}
+    )
+
+    caplog.set_level(logging.INFO)
+    assert Pipeline(spark, latest).run().rows_written == 0
+    Pipeline(spark, chosen).run()
+
+    lines = [r.getMessage() for r in caplog.records if "new checkpoint" in r.getMessage()]
+    assert "starting at latest offsets, which skips the 40 record(s)" in lines[0]
+    # offset 10 of partition 0 and the end of partition 1: 10 + 20 records skipped.
+    assert "which skips the 30 record(s) Kafka holds" in lines[1]
+    produce_events(kafka_bootstrap, [at_latest], 10, first_id=1000)
+    produce_events(kafka_bootstrap, [at_offsets], 10, first_id=2000)
+    Pipeline(spark, latest).run()
+    Pipeline(spark, chosen).run()
+    latest_ids = sorted(DeltaTable(latest.delta.table).to_pyarrow_table()["id"].to_pylist())
+    chosen_ids = DeltaTable(chosen.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert latest_ids == list(range(1000, 1010))
+    # Partition 0 from offset 10 (ids 60..78, even), then everything new.
+    assert sorted(chosen_ids) == [*range(60, 80, 2), *range(2000, 2010)]
+    assert_offsets_agree(latest)
+    assert_offsets_agree(chosen)
 
 
 def _fails_in_batch(df):
@@ -142,8 +177,8 @@ def test_two_checkpoints_racing_for_one_commit_cannot_both_commit(
     real_check = module.check_contiguous
     raced = []
 
-    def check_then_lose_the_race(stored, start, commit):
-        real_check(stored, start, commit)
+    def check_then_lose_the_race(stored, start, commit, firsts=None):
+        real_check(stored, start, commit, firsts)
         if commit is racing and not raced:
             # Between this run's check and its commit, another checkpoint commits the range.
             raced.append(mine.commit_batch(_rows(spark, 2, 3), winner, start={"o": {0: 1}}))

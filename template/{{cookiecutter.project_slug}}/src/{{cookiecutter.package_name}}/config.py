@@ -53,7 +53,11 @@ class KafkaConfig(_Model):
     bootstrap_servers: str = Field(min_length=1)
     topics: tuple[str, ...] = Field(min_length=1)
     consumer_group: str = Field(min_length=1)
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Where the pipeline's very first start reads each partition (the table stores no offsets
+    # of it yet): earliest, latest, or {topic: {partition: offset}} as Spark's kafka source
+    # takes it (-2: that partition's earliest, -1: its latest; a partition left out: earliest).
+    # Once the table stores offsets they win, and a partition added later starts at earliest.
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[int, int]] = "earliest"
     max_records_per_trigger: int | None = Field(default=500_000, gt=0)
     fail_on_data_loss: bool = True
     # Seconds a read task waits for offsets that the plan says exist before failing.
@@ -78,6 +82,28 @@ class KafkaConfig(_Model):
         if len(set(topics)) != len(topics):
             raise ValueError("lists a topic more than once")
         return topics
+
+    @model_validator(mode="after")
+    def _starting_offsets_name_subscribed_partitions(self) -> KafkaConfig:
+        if isinstance(self.starting_offsets, str):
+            return self
+        unknown = sorted(set(self.starting_offsets) - set(self.topics))
+        if unknown:
+            raise ValueError(
+                f"starting_offsets names topic(s) {unknown} that kafka.topics does not list"
+            )
+        bad = [
+            f"{t}[{p}]={o}"
+            for t, parts in self.starting_offsets.items()
+            for p, o in parts.items()
+            if p < 0 or o < -2
+        ]
+        if bad:
+            raise ValueError(
+                f"starting_offsets has {', '.join(bad)}: partitions are >= 0, offsets >= 0, or "
+                "-2 (earliest) / -1 (latest)"
+            )
+        return self
 
     @field_validator("client", "jvm_client")
     @classmethod

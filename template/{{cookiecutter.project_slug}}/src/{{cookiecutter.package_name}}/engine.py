@@ -103,18 +103,26 @@ class Sink(Protocol):
         """Compute ``out`` once, in the form this sink writes, and split off dead letters."""
         ...
 
-    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+    def check(
+        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+    ) -> bool:
         """The fencing check alone, before anything is written (dead letters go to their table
         only after it): True when the batch is already in the table (a replay), raises
-        :class:`FencingError` when it does not start where the table ends."""
+        :class:`FencingError` when it does not start where the table ends (``firsts``: how far
+        the first read of a partition the table stores nothing for may begin, see
+        :func:`.fencing.check_contiguous`)."""
         ...
 
     def commit_batch(
-        self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None = None,
+        firsts: Offsets | None = None,
     ) -> SinkResult:
         """Commit ``rows`` as batch ``commit`` in one Delta commit; ``start`` (the batch's
-        start offsets) enables the fencing check; a replay writes nothing. The checks run
-        again here, atomically with the commit."""
+        start offsets) enables the fencing check, with ``firsts`` as in :meth:`check`; a replay
+        writes nothing. The checks run again here, atomically with the commit."""
         ...
 
     def worker_modules(self) -> tuple[str, ...]:

@@ -37,17 +37,31 @@ RESTART = "Nothing of this batch was written; restart the pipeline: it resumes f
 
 
 def check_contiguous(
-    stored: StoredOffsets | None, start: Offsets | None, commit: BatchCommit
+    stored: StoredOffsets | None,
+    start: Offsets | None,
+    commit: BatchCommit,
+    firsts: Offsets | None = None,
 ) -> None:
     """Raise :class:`FencingError` unless the batch starts exactly where the table ends, and
     never when it would move a stored offset backwards.
 
     ``start`` is the batch's real start, as Spark persisted it (the previous batch's planned
     end; for batch 0 the source's initial offsets). ``start`` None skips that comparison; ``{}``
-    means the table must hold no offsets of this pipeline yet (first batch of a first run).
-    Only partitions present on both sides are compared: a partition added to a topic, or a
-    topic added to the subscription, has no stored offset yet, and a topic dropped from the
-    subscription keeps its old one.
+    means the table must hold no offsets of this pipeline yet (the embedded source's first
+    batch, planned by the source from the table's offsets, here none).
+
+    Partition by partition:
+
+    - one the table stores an offset for must start exactly there;
+    - one the table stores nothing for (a first batch, a topic or partition new to the
+      pipeline) must start no later than ``firsts`` says: where the pipeline's rule of first
+      reads puts it (:func:`.offsets.first_offset`: Kafka's earliest offset, or the configured
+      starting offsets on the pipeline's first run), so a start that skips records Kafka still
+      holds is never taken silently; one ``firsts`` does not name has no explanation and is
+      fenced. Spark's kafka source starts batch 0 at its initial offsets (``{topic: {p: 0}}``
+      on a new topic), the embedded source at ``{}``: both pass by this one rule;
+    - one in the table but not in ``start`` (a topic dropped from the subscription) keeps its
+      offset, and is not compared.
 
     The backwards rule holds whatever ``start`` says: a checkpoint whose batch was planned
     before another run moved the table on (a retried job, a second checkpoint) re-plays a range
@@ -71,27 +85,51 @@ def check_contiguous(
             )
     if start is None:
         return
+    held = stored.offsets if stored is not None else {}
+    moved = [
+        (t, p, o, start[t][p])
+        for t, parts in held.items()
+        for p, o in parts.items()
+        if p in start.get(t, {}) and start[t][p] != o and (t, p) not in commit.rewound
+    ]
+    limits = firsts or {}
+    skipping = [
+        (t, p, s, limits.get(t, {}).get(p))
+        for t, parts in start.items()
+        for p, s in parts.items()
+        if p not in held.get(t, {})
+        and (t, p) not in commit.rewound
+        and not s <= limits.get(t, {}).get(p, -1)
+    ]
+    # An empty start is the embedded source's first batch: the table must still be empty.
+    if not moved and not skipping and (any(start.values()) or not any(held.values())):
+        return
+    details = [f"{t}[{p}] stored {o}, batch starts at {s}" for t, p, o, s in moved]
+    details += [
+        f"{t}[{p}] batch starts at {s}, "
+        + (
+            "where the table stores no offset for it"
+            if first is None
+            else f"past {first}, where a first read of it starts"
+        )
+        for t, p, s, first in skipping
+    ]
     if stored is None:
-        if not any(start.values()):
-            return
-        problem = "the table holds no offsets of this pipeline"
+        problem = f"{'; '.join(details)}; the table holds no offsets of this pipeline"
     else:
-        moved = [
-            (t, p, o, start[t][p])
-            for t, parts in stored.offsets.items()
-            for p, o in parts.items()
-            if p in start.get(t, {}) and start[t][p] != o and (t, p) not in commit.rewound
-        ]
-        if not moved and (any(start.values()) or not any(stored.offsets.values())):
-            return
-        detail = "; ".join(f"{t}[{p}] stored {o}, batch starts at {s}" for t, p, o, s in moved)
-        problem = f"{detail or 'the table already holds offsets'}; stored at {stored.describe()}"
+        problem = f"{'; '.join(details) or 'the table already holds offsets'}; stored at "
+        problem += stored.describe()
     if stored is not None and stored.reset is not None:
         cause = "an operator reset the table's offsets while this checkpoint was in use"
     elif stored is not None and stored.restore is not None:
         cause = "the table was restored to an earlier version while this checkpoint was in use"
-    else:
+    elif moved or (stored is not None and not skipping):
         cause = "another run of this pipeline is writing to the same table"
+    else:
+        cause = (
+            "the batch would skip records Kafka still holds and the table never received: the "
+            "table was deleted or replaced while this checkpoint was in use"
+        )
     raise FencingError(
         f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} does not start where the "
         f"table ends ({problem}): {cause}. {RESTART}"

@@ -65,6 +65,52 @@ METADATA_FORMAT = 1
 Offsets = dict[str, dict[int, int]]
 """``{topic: {partition: next offset to read}}``."""
 
+StartingOffsets = str | Mapping[str, Mapping[int, int]]
+"""``kafka.starting_offsets``: ``earliest``, ``latest``, or ``{topic: {partition: offset}}``
+where -2 means the partition's earliest offset and -1 its latest (Spark's convention)."""
+
+# Spark's kafka source's codes for "the partition's earliest / latest offset" in offset JSON.
+EARLIEST, LATEST = -2, -1
+
+
+def first_offset(
+    topic: str,
+    partition: int,
+    *,
+    stored: Mapping[str, Mapping[int, int]],
+    starting: StartingOffsets,
+    earliest: int,
+    latest: int,
+) -> int:
+    """Where the pipeline begins reading a partition when a checkpoint starts: the offset the
+    table stores for it; else, once the pipeline stored any offsets, its ``earliest`` (a topic
+    or partition added later: records produced before the pipeline noticed it are read, never
+    skipped); else, on the pipeline's very first start, where ``starting`` puts it.
+
+    One rule for both sources and the checks: the embedded source passes Kafka's watermarks,
+    Spark's kafka source's ``startingOffsets`` JSON passes its codes (``EARLIEST``, ``LATEST``),
+    and the fencing rule (:mod:`.fencing`) asks how far a first read of a partition may begin.
+    A partition new to a checkpoint that already runs starts by the same rule with ``starting``
+    ``earliest``.
+
+    >>> first_offset("t", 0, stored={}, starting="latest", earliest=5, latest=9)
+    9
+    >>> first_offset("t", 0, stored={"u": {0: 3}}, starting="latest", earliest=5, latest=9)
+    5
+    >>> first_offset("t", 1, stored={}, starting={"t": {1: 7}}, earliest=5, latest=9)
+    7
+    """
+    own = stored.get(topic, {}).get(partition)
+    if own is not None:
+        return own
+    if any(stored.values()) or starting == "earliest":
+        return earliest
+    if starting == "latest":
+        return latest
+    assert not isinstance(starting, str), starting
+    chosen = starting.get(topic, {}).get(partition, EARLIEST)
+    return earliest if chosen == EARLIEST else latest if chosen == LATEST else chosen
+
 
 def offsets_to_json(offsets: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
     """JSON-safe form (partition keys as strings), sorted for stable output."""
@@ -88,6 +134,41 @@ def offsets_from_json(data: Mapping[str, Mapping[str, object]]) -> Offsets:
                 raise ValueError(f"offset of {topic}[{partition}] must be an integer >= 0")
             result[str(topic)][int(partition)] = offset
     return result
+
+
+def starting_offsets_from_option(text: str) -> StartingOffsets:
+    """A ``startingOffsets`` option as Spark's kafka source takes it: ``earliest``, ``latest``
+    or a JSON object ``{"topic": {"partition": offset}}`` (-2 earliest, -1 latest)."""
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        return word
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, Mapping) or not all(isinstance(v, Mapping) for v in data.values()):
+        raise ValueError(
+            "startingOffsets must be 'earliest', 'latest' or a JSON object "
+            f'{{"topic": {{"partition": offset}}}}, got {text!r}'
+        )
+    try:
+        starting = {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in data.items()}
+    except (TypeError, ValueError):
+        starting = None
+    if starting is None or any(o < EARLIEST for parts in starting.values() for o in parts.values()):
+        raise ValueError(
+            "startingOffsets: offsets must be integers >= 0, or -2 (earliest) / -1 (latest), "
+            f"got {text!r}"
+        )
+    return starting
+
+
+def starting_offsets_option(starting: StartingOffsets) -> str:
+    """The ``startingOffsets`` option text for ``starting`` (inverse of
+    :func:`starting_offsets_from_option`)."""
+    if isinstance(starting, str):
+        return starting
+    return json.dumps(offsets_to_json(starting), separators=(",", ":"))
 
 
 def total_records(start: Offsets, end: Offsets) -> int:

@@ -33,7 +33,15 @@ from .engine_factory import build_engine
 from .faults import crash_point
 from .graceful_stop import StopGate
 from .kafka_admin import KafkaAdmin, lag
-from .offsets import BatchCommit, Offsets, StoredOffsets, app_id, total_records
+from .offsets import (
+    BatchCommit,
+    Offsets,
+    StoredOffsets,
+    app_id,
+    first_offset,
+    starting_offsets_option,
+    total_records,
+)
 from .progress import BatchProgress, ProgressListener
 from .python_workers import warm_up
 from .recovery import judge, set_aside
@@ -230,12 +238,51 @@ class Pipeline:
                 "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
             )
         else:
+            starting = self.config.kafka.starting_offsets
             log.info(
-                "new checkpoint %s: starting at %s offsets; %s",
+                "new checkpoint %s: starting at %s%s; %s",
                 self.config.checkpoint,
-                self.config.kafka.starting_offsets,
+                f"{starting} offsets"
+                if isinstance(starting, str)
+                else f"offsets {starting_offsets_option(starting)}",
+                self._skipped_at_first_start(),
                 where,
             )
+
+    def _skipped_at_first_start(self) -> str:
+        """On the pipeline's first start at ``latest`` (or at offsets of its own), the records
+        Kafka still holds that the start skips, said in the start-up line: a start that skips
+        records is a choice, and never a silent one."""
+        starting = self.config.kafka.starting_offsets
+        if starting == "earliest":
+            return ""
+        try:
+            partitions = self._partitions()
+            marks = self.admin.watermarks(partitions)
+        except Exception as exc:  # the line is information: the run itself goes on
+            return f" (cannot count the records it skips: {exc})"
+        skipped = sum(
+            max(
+                0,
+                first_offset(
+                    t,
+                    p,
+                    stored={},
+                    starting=starting,
+                    earliest=marks.earliest[t][p],
+                    latest=marks.latest[t][p],
+                )
+                - marks.earliest[t][p],
+            )
+            for t, parts in partitions.items()
+            for p in parts
+        )
+        if not skipped:
+            return ""
+        return (
+            f", which skips the {skipped} record(s) Kafka holds before it in "
+            f"{', '.join(sorted(partitions))} (kafka.starting_offsets: earliest reads them)"
+        )
 
     @property
     def sink(self) -> Sink:
@@ -333,6 +380,36 @@ class Pipeline:
             merged.setdefault(t, {}).update(parts)
         return merged
 
+    def _first_positions(self, start: Offsets) -> Offsets:
+        """How far the batch may begin each partition of ``start`` that the table stored no
+        offset for as this run knows it (a first batch, a topic or partition new to the
+        pipeline): where the pipeline's rule of first reads puts it now
+        (:func:`.offsets.first_offset`). The fencing rule refuses a start past it: records Kafka
+        still holds would be skipped. Asks Kafka only for such partitions (batch 0 of a first
+        run, a partition added), never in a steady batch."""
+        new = {
+            t: sorted(p for p in parts if p not in self._known.get(t, {}))
+            for t, parts in start.items()
+        }
+        new = {t: parts for t, parts in new.items() if parts}
+        if not new:
+            return {}
+        marks = self.admin.watermarks(new)
+        return {
+            t: {
+                p: first_offset(
+                    t,
+                    p,
+                    stored=self._known,
+                    starting=self.config.kafka.starting_offsets,
+                    earliest=marks.earliest[t][p],
+                    latest=marks.latest[t][p],
+                )
+                for p in parts
+            }
+            for t, parts in new.items()
+        }
+
     def _rewound(self, end: Offsets) -> tuple[tuple[str, int], ...]:
         """Partitions the batch moves below the offsets the pipeline stored, allowed only where
         Kafka no longer has the stored position (the topic was deleted and recreated, which the
@@ -416,12 +493,13 @@ class Pipeline:
                 latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
             )
         start = self._batch_start(batch_id, end)
+        firsts = self._first_positions(start)
         commit = commit.starting_at(start)  # recorded for `offsets verify`
         dead_sent = 0
         # Fencing first, on the table as it is now: a run that may not commit this batch, or a
         # replay of a batch the table has, runs no task: it reads nothing from Kafka and writes
         # no data file and no dead letter.
-        if self.sink.check(commit, start):
+        if self.sink.check(commit, start, firsts):
             result = SinkResult(written=False, rows=0, delta_version=None)
             observation = None
         else:
@@ -431,7 +509,7 @@ class Pipeline:
                     dead_sent = self.dead_letters.send(df, batch.dead, commit)
                     self.summary.dead_letters += dead_sent
                 crash_point("before_delta_commit")
-                result = self.sink.commit_batch(batch.rows, commit, start=start)
+                result = self.sink.commit_batch(batch.rows, commit, start=start, firsts=firsts)
             finally:
                 batch.release()
         crash_point("after_delta_commit")

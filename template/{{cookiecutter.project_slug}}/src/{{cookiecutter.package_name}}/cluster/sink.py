@@ -165,19 +165,25 @@ class DeltaSparkSink:
             and stored.batch_id >= commit.batch_id
         )
 
-    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+    def check(
+        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+    ) -> bool:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
         self._checked = None
         exists, stored = self._stored(commit, start)
         if self._is_replay(stored, commit):
             return True
-        check_contiguous(stored, start, commit)
+        check_contiguous(stored, start, commit, firsts)
         self._checked = ((commit.app_id, commit.batch_id), exists, stored)
         return False
 
     def commit_batch(
-        self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None = None,
+        firsts: Offsets | None = None,
     ) -> SinkResult:
         # A batch that passed check() keeps what it read there: a run that commits in between
         # takes the fence seq this batch would write, so delta-spark skips this write and the
@@ -195,7 +201,7 @@ class DeltaSparkSink:
                 stored.describe() if stored is not None else "",
             )
             return SinkResult(written=False, rows=0, delta_version=None)
-        check_contiguous(stored, start, commit)
+        check_contiguous(stored, start, commit, firsts)
         commit = commit.on_top_of(stored)
         frame = self._frame(rows)
         # An upsert MERGEs a non-empty batch into an existing table; anything else appends.

@@ -9,7 +9,6 @@ same way for both.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -17,31 +16,42 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ..config import KafkaConfig
 from ..kafka_admin import KafkaAdmin
-from ..offsets import Offsets, StoredOffsets, offsets_to_json
+from ..offsets import (
+    EARLIEST,
+    LATEST,
+    Offsets,
+    StartingOffsets,
+    StoredOffsets,
+    first_offset,
+    offsets_to_json,
+    starting_offsets_option,
+)
 
 if TYPE_CHECKING:
     from ..decoding.spec import DecodeSpec
 
-# Spark's kafka source: -2 in startingOffsets JSON means a partition's earliest offset, -1 its
-# latest.
-_DEFAULT_OFFSET = {"earliest": -2, "latest": -1}
-
 
 def starting_offsets(
-    stored: Offsets, partitions: Mapping[str, list[int]], default: str
+    stored: Offsets, partitions: Mapping[str, list[int]], default: StartingOffsets
 ) -> dict[str, dict[str, int]]:
-    """startingOffsets JSON for a new checkpoint: the stored offset of every subscribed
-    partition; one with none stored yet starts at its earliest offset (-2) once the pipeline
-    has stored offsets (a topic or partition added, as Spark starts new partitions of a running
-    query), or at ``default`` (-2 earliest / -1 latest) on the pipeline's very first start.
+    """startingOffsets JSON for a new checkpoint, by the pipeline's one rule of where a
+    partition first starts (:func:`..offsets.first_offset`) written in Spark's codes: the
+    stored offset of every subscribed partition; one with none stored yet at its earliest
+    offset (-2) once the pipeline has stored offsets (a topic or partition added, as Spark
+    starts new partitions of a running query), or where ``default`` (``kafka.starting_offsets``)
+    puts it on the pipeline's very first start.
 
     Spark requires every partition of the subscription in the JSON, and it only reads this
     option when the checkpoint is new; offsets of topics no longer subscribed are left out.
     """
-    fallback = _DEFAULT_OFFSET["earliest" if any(stored.values()) else default]
     return offsets_to_json(
         {
-            topic: {p: stored.get(topic, {}).get(p, fallback) for p in parts}
+            topic: {
+                p: first_offset(
+                    topic, p, stored=stored, starting=default, earliest=EARLIEST, latest=LATEST
+                )
+                for p in parts
+            }
             for topic, parts in partitions.items()
         }
     )
@@ -59,7 +69,7 @@ def spark_kafka_options(
         **kafka.jvm_client_options(),
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "subscribe": ",".join(kafka.topics),
-        "startingOffsets": starting if isinstance(starting, str) else json.dumps(starting),
+        "startingOffsets": starting_offsets_option(starting),
         # I5: offsets Kafka no longer has fail the query instead of being skipped silently.
         "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
         # The same columns as the embedded source (and the dead-letter table) see.
@@ -87,11 +97,12 @@ class SparkKafkaSource:
         """startingOffsets: Kafka is asked for the partitions only when Spark will read the
         answer (a new checkpoint resuming from stored offsets); a checkpoint that already
         holds a plan ignores the option, so its restarts need no librdkafka client at all."""
-        if stored is None or resuming:
+        if resuming or (stored is None and isinstance(self.kafka.starting_offsets, str)):
             return self.kafka.starting_offsets
         admin = self._admin or KafkaAdmin(self.kafka.client_config())
         partitions = admin.partitions(self.kafka.topics)
-        return starting_offsets(stored.offsets, partitions, self.kafka.starting_offsets)
+        held = stored.offsets if stored is not None else {}
+        return starting_offsets(held, partitions, self.kafka.starting_offsets)
 
     def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
         """Spark's kafka source reads in the JVM; only decoding (``mapInArrow``) runs Python."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..config import ConfigError, PipelineConfig
 from ..kafka_admin import KafkaUnavailableError
-from ..offsets import OffsetsExpiredError, format_ms, offsets_to_json
+from ..offsets import OffsetsExpiredError, first_offset, format_ms, offsets_to_json
 from .table_log import (
     CommandError,
     admin_for,
@@ -218,11 +218,18 @@ def show(config: PipelineConfig) -> dict[str, Any]:
         at = stored.offsets.get(t, {}).get(p)
         earliest = marks.earliest.get(t, {}).get(p)
         latest = marks.latest.get(t, {}).get(p)
-        # Never stored: the pipeline would start at kafka.starting_offsets.
+        # Never stored: the pipeline would start where its rule of first reads puts it.
         begin = (
             at
-            if at is not None
-            else (earliest if config.kafka.starting_offsets == "earliest" else latest)
+            if at is not None or earliest is None or latest is None
+            else first_offset(
+                t,
+                p,
+                stored=stored.offsets,
+                starting=config.kafka.starting_offsets,
+                earliest=earliest,
+                latest=latest,
+            )
         )
         rows.append(
             {

@@ -42,7 +42,15 @@ from ..checkpoint import CheckpointLog, local_path
 from ..commit_back import OffsetCommitter
 from ..config import PipelineConfig
 from ..kafka_admin import KafkaAdmin, Watermarks
-from ..offsets import BatchCommit, Offsets, StoredOffsets, app_id, format_ms, offsets_to_json
+from ..offsets import (
+    BatchCommit,
+    Offsets,
+    StoredOffsets,
+    app_id,
+    first_offset,
+    format_ms,
+    offsets_to_json,
+)
 from ..run_lease import LeaseUnavailableError, active_leases
 from .table_log import (
     CommandError,
@@ -352,11 +360,14 @@ def plan_reset(
         _check_in_range(target, partitions, marks)
 
     def resume(t: str, p: int) -> int:
-        at = stored.offsets.get(t, {}).get(p)
-        if at is not None:
-            return at
-        start = marks.earliest if config.kafka.starting_offsets == "earliest" else marks.latest
-        return start[t][p]
+        return first_offset(
+            t,
+            p,
+            stored=stored.offsets,
+            starting=config.kafka.starting_offsets,
+            earliest=marks.earliest[t][p],
+            latest=marks.latest[t][p],
+        )
 
     moves = [
         Move(t, p, stored.offsets.get(t, {}).get(p), offset, resume(t, p), marks.earliest[t][p])

@@ -18,7 +18,13 @@ from ..cluster.commit_copies import read_copy_file
 from ..config import PipelineConfig
 from ..embedded.offset_store import DeltaRsLog, open_table
 from ..kafka_admin import KafkaAdmin
-from ..offsets import HISTORY_PAGES, BatchCommit, StoredOffsets, parse_user_metadata
+from ..offsets import (
+    HISTORY_PAGES,
+    BatchCommit,
+    StoredOffsets,
+    parse_user_metadata,
+    starting_offsets_option,
+)
 from ..stored_offsets import read_stored
 from ..table_history import live_history
 
@@ -105,10 +111,11 @@ def stored_offsets(
     )
     stored = read_stored(log, pipeline_id, lambda: partitions)
     if stored is None:
+        starting = starting_offsets_option(config.kafka.starting_offsets)
         raise CommandError(
             f"table {config.delta.table} holds no commits of pipeline {config.pipeline_id!r} "
             f"(version {table.version()}): wrong table or --env? The pipeline's first run "
-            f"starts at kafka.starting_offsets ({config.kafka.starting_offsets})."
+            f"starts at kafka.starting_offsets ({starting})."
         )
     if stored.delta_version is None or stored.expired:
         return stored, None

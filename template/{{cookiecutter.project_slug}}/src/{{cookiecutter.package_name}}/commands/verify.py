@@ -50,7 +50,7 @@ from deltalake import DeltaTable
 
 from ..config import PipelineConfig
 from ..kafka_admin import KafkaUnavailableError, Watermarks
-from ..offsets import Offsets, describe_reset, parse_user_metadata
+from ..offsets import Offsets, describe_reset, first_offset, parse_user_metadata
 from ..table_history import RestoreUnreadableError, live_history, restores_in
 from .table_log import (
     KAFKA_TIMEOUT_S,
@@ -771,10 +771,20 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
 
     def unknown_start(tp: TP) -> int | None:
         # The pipeline's first batch records no start: it began at Kafka's earliest offset
-        # (starting_offsets: earliest; records deleted since are not judged), else at its
-        # latest then, of which the lowest row is the best bound left.
-        if config.kafka.starting_offsets == "earliest" and tp[1] in marks.earliest.get(tp[0], {}):
-            return marks.earliest[tp[0]][tp[1]]
+        # (the first-read rule says earliest; records deleted since are not judged), else at
+        # the latest offset then (or a configured one), of which the lowest row is the best
+        # bound left.
+        if tp[1] in marks.earliest.get(tp[0], {}):
+            earliest = marks.earliest[tp[0]][tp[1]]
+            first = first_offset(
+                *tp,
+                stored={},
+                starting=config.kafka.starting_offsets,
+                earliest=earliest,
+                latest=earliest + 1,
+            )
+            if first == earliest:
+                return earliest
         lows = [
             pc.min(x.offsets[tp]).as_py()
             for x in (main, dead)

@@ -359,20 +359,26 @@ class DeltaRsSink:
         done = table.transaction_version(commit.app_id) if table is not None else None
         return done if done is not None and done >= commit.batch_id else None
 
-    def check(self, commit: BatchCommit, start: Offsets | None = None) -> bool:
+    def check(
+        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+    ) -> bool:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
         table = self._table()
         if self._replayed(table, commit) is not None:
             return True
         stored = self.stored_offsets(table, commit, start) if table is not None else None
-        check_contiguous(stored, start, commit)
+        check_contiguous(stored, start, commit, firsts)
         return False
 
     # -- committing -------------------------------------------------------------------------
 
     def commit_batch(
-        self, rows: Rows, commit: BatchCommit, start: Offsets | None = None
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None = None,
+        firsts: Offsets | None = None,
     ) -> SinkResult:
         """Commit ``rows`` (a DataFrame, written by Spark's tasks, or Arrow, written here) as
         batch ``commit``; ``start`` (the batch's start offsets) enables the fencing check."""
@@ -392,7 +398,7 @@ class DeltaRsSink:
                 )
                 return SinkResult(written=False, rows=0, delta_version=None)
             stored = self.stored_offsets(table, commit, start) if table is not None else None
-            check_contiguous(stored, start, commit)
+            check_contiguous(stored, start, commit, firsts)
             commit = commit.on_top_of(stored)
             properties = CommitProperties(
                 app_transactions=[Transaction(a, v) for a, v in commit.transactions()],

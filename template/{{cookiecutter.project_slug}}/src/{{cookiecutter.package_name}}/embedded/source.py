@@ -10,8 +10,10 @@ timestamp, timestampType, headers.
 Options (all strings, as Spark passes them):
 
 ``kafka.bootstrap.servers`` (required), ``subscribe`` (comma-separated topics, required),
-``startingOffsets`` (``earliest`` | ``latest``, default earliest), ``storedOffsets`` (JSON
-offsets that win over startingOffsets, e.g. read back from the Delta table),
+``startingOffsets`` (``earliest`` | ``latest`` | JSON ``{"topic": {"partition": offset}}`` with
+-2 for earliest and -1 for latest, as Spark's kafka source takes it; default earliest),
+``storedOffsets`` (JSON offsets that win over startingOffsets, e.g. read back from the Delta
+table),
 ``maxRecordsPerTrigger``, ``readTasks`` (how many read tasks a micro-batch runs: offset
 ranges are split or grouped to this many; the driver passes Spark's default parallelism),
 ``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000),
@@ -46,7 +48,14 @@ from ..faults import crash_point
 from ..graceful_stop import ignore_stop_signals_in_spark_helper
 from ..kafka_admin import KafkaAdmin, Watermarks
 from ..kafka_clients import consumer_settings
-from ..offsets import Offsets, offsets_from_json, offsets_to_json
+from ..offsets import (
+    Offsets,
+    StartingOffsets,
+    first_offset,
+    offsets_from_json,
+    offsets_to_json,
+    starting_offsets_from_option,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +101,7 @@ class DataLossError(RuntimeError):
 class SourceOptions:
     bootstrap_servers: str
     topics: tuple[str, ...]
-    starting_offsets: str
+    starting_offsets: StartingOffsets
     stored_offsets: Offsets
     max_records_per_trigger: int | None
     read_tasks: int
@@ -113,11 +122,10 @@ class SourceOptions:
         topics = tuple(t.strip() for t in (get("subscribe") or "").split(",") if t.strip())
         if not topics:
             raise ValueError(f"{SOURCE_NAME}: option 'subscribe' needs at least one topic")
-        starting = (get("startingOffsets", "earliest") or "").lower()
-        if starting not in {"earliest", "latest"}:
-            raise ValueError(
-                f"{SOURCE_NAME}: startingOffsets must be 'earliest' or 'latest', got {starting!r}"
-            )
+        try:
+            starting = starting_offsets_from_option(get("startingOffsets", "earliest") or "")
+        except ValueError as exc:
+            raise ValueError(f"{SOURCE_NAME}: {exc}") from None
         max_records = get("maxRecordsPerTrigger")
         return cls(
             bootstrap_servers=servers,
@@ -266,25 +274,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions added to a topic, a topic re-added): at the offset the table stores for it,
         else at its earliest offset, as Spark's kafka source starts new partitions. Never at
         its latest: records produced before the pipeline noticed the partition would be lost."""
-        stored = self.options.stored_offsets.get(topic, {}).get(partition)
-        return stored if stored is not None else earliest[topic][partition]
+        at = earliest[topic][partition]
+        stored = self.options.stored_offsets
+        return first_offset(
+            topic, partition, stored=stored, starting="earliest", earliest=at, latest=at
+        )
 
     def initialOffset(self) -> dict[str, Any]:
         partitions = self.admin.partitions(self.options.topics)
         marks = self.admin.watermarks(partitions)
-        stored = self.options.stored_offsets
-        if any(stored.values()):
-            # The pipeline has run before (a new checkpoint of it): startingOffsets no longer
-            # applies; every partition resumes where the table ends, or is new.
-            start = {
-                t: {p: self._first_offset(t, p, marks.earliest) for p in parts}
-                for t, parts in partitions.items()
+        # The table's offsets; a partition it does not store starts at its earliest offset once
+        # the pipeline stored any, else where startingOffsets puts it (the pipeline's first run).
+        start = {
+            t: {
+                p: first_offset(
+                    t,
+                    p,
+                    stored=self.options.stored_offsets,
+                    starting=self.options.starting_offsets,
+                    earliest=marks.earliest[t][p],
+                    latest=marks.latest[t][p],
+                )
+                for p in parts
             }
-        else:
-            default = (
-                marks.earliest if self.options.starting_offsets == "earliest" else marks.latest
-            )
-            start = {t: {p: default[t][p] for p in parts} for t, parts in partitions.items()}
+            for t, parts in partitions.items()
+        }
         return offsets_to_json(self._guard_data_loss(start, marks))
 
     def getDefaultReadLimit(self) -> ReadLimit:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 
 from ..config import KafkaConfig
-from ..offsets import StoredOffsets, offsets_to_json
+from ..offsets import StoredOffsets, offsets_to_json, starting_offsets_option
 from .source import SOURCE_NAME, KafkaDataSource
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def embedded_source_options(
     options = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "subscribe": ",".join(kafka.topics),
-        "startingOffsets": kafka.starting_offsets,
+        "startingOffsets": starting_offsets_option(kafka.starting_offsets),
         "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
         "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
         "readTasks": str(read_tasks),
