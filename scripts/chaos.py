@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from deltalake import DeltaTable
+from kafka_delta_dev import broker as broker_mod
+from kafka_delta_dev import produce as produce_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["disk", "s3"],
         default="disk",
         help="s3: the table and its dead-letter table in a bucket of a local S3 API (moto's "
-        "server on loopback, the project's devtools/object_store.py); delta_rs sink only",
+        "server on loopback, kafka_delta_dev.object_store); delta_rs sink only",
     )
     parser.add_argument(
         "--sink",
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     generated = harness.generate(args.workdir)
-    project, broker_mod, produce_mod = generated.root, generated.broker, generated.produce
+    project = generated.root
 
     conf = generated.conf
     conf["engine"] = settings["engine"]

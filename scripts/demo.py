@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import os
 import shutil
 import subprocess
@@ -19,6 +18,12 @@ import time
 from pathlib import Path
 
 from cookiecutter.main import cookiecutter
+from kafka_delta import config as config_mod
+from kafka_delta.kafka import admin as admin_mod
+from kafka_delta.sinks.delta_rs import offset_store as store_mod
+from kafka_delta_dev import broker as broker_mod
+from kafka_delta_dev import produce as produce_mod
+from kafka_delta_dev import registry as registry_mod
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,16 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             extra_context={"value_format": args.format},
         )
     )
-    (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
+    # The project's own package, beside the engine in its src/: cookiecutter names it after the
+    # project's folder (package_name = project_slug, "-" as "_").
+    package = project.name.replace("-", "_")
     print(f"    {project} (package {package})")
-
-    sys.path.insert(0, str(project / "src"))
-    broker_mod = importlib.import_module(f"{package}.devtools.broker")
-    registry_mod = importlib.import_module(f"{package}.devtools.registry")
-    produce_mod = importlib.import_module(f"{package}.devtools.produce")
-    config_mod = importlib.import_module(f"{package}.config")
-    admin_mod = importlib.import_module(f"{package}.kafka_admin")
-    store_mod = importlib.import_module(f"{package}.embedded.offset_store")
 
     config = config_mod.load_config(project / "conf" / "local.yaml")
     topics = list(config.kafka.topics)

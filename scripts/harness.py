@@ -1,6 +1,7 @@
-"""What the repo's harnesses share (scripts/chaos.py, scripts/ops.py): a generated project, its
-embedded broker, the pipeline as an OS process, and an independent check of the result that
-reads the table with delta-rs and Kafka with confluent-kafka directly, never the engine's code.
+"""What the repo's harnesses share (scripts/chaos.py, scripts/ops.py): a generated project, the
+embedded broker (kafka_delta_dev), the pipeline as an OS process (``python -m <package>``), and an
+independent check of the result that reads the table with delta-rs and Kafka with confluent-kafka
+directly, never the engine's code.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
@@ -22,6 +21,8 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from cookiecutter.main import cookiecutter
 from deltalake import DeltaTable
+from kafka_delta_dev.object_store import LocalS3
+from kafka_delta_dev.registry import LocalSchemaRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 # A folder of delta-spark jars (no Maven here): the delta_spark sink runs only with it.
@@ -38,25 +39,22 @@ def log(tag: str, message: str) -> None:
 
 @dataclass
 class Project:
-    """A project generated from the template, with its devtools imported."""
+    """A project generated from the template: its folder, its own package (the pipeline runs as
+    ``python -m <package>``) and its conf/local.yaml."""
 
     root: Path
     package: str
-    broker: ModuleType
-    produce: ModuleType
     conf: dict[str, Any]
 
-    def registry(self, log_path: Path) -> Any:
-        """The project's development Schema Registry, started on a free loopback port (its
-        ``stop()`` ends it by pid)."""
-        module = import_module(f"{self.package}.devtools.registry")
-        return module.LocalSchemaRegistry(log_path=log_path).start()
+    def registry(self, log_path: Path) -> LocalSchemaRegistry:
+        """The development Schema Registry (kafka_delta_dev.registry), started on a free
+        loopback port (its ``stop()`` ends it by pid)."""
+        return LocalSchemaRegistry(log_path=log_path).start()
 
-    def object_store(self, log_path: Path) -> Any:
-        """The project's local S3 API (moto's server), started on a free loopback port (its
-        ``stop()`` ends it by pid)."""
-        module = import_module(f"{self.package}.devtools.object_store")
-        return module.LocalS3(log_path=log_path).start()
+    def object_store(self, log_path: Path) -> LocalS3:
+        """The local S3 API (kafka_delta_dev.object_store, moto's server), started on a free
+        loopback port (its ``stop()`` ends it by pid)."""
+        return LocalS3(log_path=log_path).start()
 
     def write_config(self, name: str, conf: dict[str, Any]) -> Path:
         path = self.root / "conf" / f"{name}.yaml"
@@ -90,16 +88,18 @@ def generate(workdir: Path) -> Project:
             output_dir=str(workdir),
         )
     )
-    (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
-    sys.path.insert(0, str(project / "src"))
     conf = yaml.safe_load((project / "conf" / "local.yaml").read_text(encoding="utf-8"))
-    return Project(
-        root=project,
-        package=package,
-        broker=import_module(f"{package}.devtools.broker"),
-        produce=import_module(f"{package}.devtools.produce"),
-        conf=conf,
-    )
+    return Project(root=project, package=package_of(project), conf=conf)
+
+
+def package_of(project: Path) -> str:
+    """The generated project's own package, beside kafka_delta and kafka_delta_dev in its src/:
+    cookiecutter names it after the project's folder (package_name = project_slug, ``-`` as
+    ``_``)."""
+    package = project.name.replace("-", "_")
+    if not (project / "src" / package / "__init__.py").is_file():
+        raise FileNotFoundError(f"{project}: no package {package} in src/")
+    return package
 
 
 def sink_settings(sink: str, jars_dir: str | None) -> dict[str, Any]:

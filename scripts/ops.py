@@ -51,6 +51,9 @@ import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable, write_deltalake
+from kafka_delta.sources.kafka_datasource import KafkaStreamReader, ReadAllAvailable
+from kafka_delta_dev import produce
+from kafka_delta_dev.broker import EmbeddedBroker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -65,20 +68,20 @@ def log(message: str) -> None:
 class Feed:
     """Produces events with consecutive unique ids, and bad records, counting both."""
 
-    def __init__(self, project: harness.Project, bootstrap: str) -> None:
-        self.project, self.bootstrap = project, bootstrap
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
         self.produced = 0
         self.bad = 0
         self.rng = random.Random(11)
 
     def events(self, topics: list[str], count: int) -> None:
-        self.produced += self.project.produce.produce_events(
+        self.produced += produce.produce_events(
             self.bootstrap, topics, count, first_id=self.produced
         )
 
     def bad_records(self, topic: str) -> None:
         values = [(i % 2, v) for i, v in enumerate(BAD_VALUES)]
-        self.project.produce.produce_values(self.bootstrap, topic, values)
+        produce.produce_values(self.bootstrap, topic, values)
         self.bad += len(values)
 
     def transaction(self, topic: str, count: int, *, abort: bool, txn_id: str) -> None:
@@ -88,7 +91,7 @@ class Feed:
         producer.begin_transaction()
         first = 10**9 if abort else self.produced
         for i in range(count):
-            value = self.project.produce.event(first + i, self.rng)
+            value = produce.event(first + i, self.rng)
             producer.produce(topic, value=value, partition=i % 2)
         if abort:
             producer.abort_transaction(10)
@@ -161,7 +164,8 @@ class Sink:
         return output
 
     def offsets(self, *args: str, expect: int = 0) -> str:
-        """``<pkg> offsets <args>`` on this sink's pipeline, as an operator runs it."""
+        """``python -m <package> offsets <args>`` on this sink's pipeline, as an operator runs
+        it."""
         config = self.config()
         project = self.ops.project
         command = [sys.executable, "-m", project.package, "offsets", *args]
@@ -218,7 +222,7 @@ class Ops:
 
 def scenario_topics(sink: Sink, feed: Feed) -> None:
     extra = f"{sink.topics[0]}-{sink.name}-added"
-    sink.ops.project.produce.ensure_topics(sink.ops.bootstrap, [extra], 2)
+    produce.ensure_topics(sink.ops.bootstrap, [extra], 2)
     feed.events([extra], 120)  # already holds records when it is added: they must land
     feed.events(sink.topics, 200)
     sink.topics = [*sink.topics, extra]
@@ -236,7 +240,6 @@ def scenario_topics(sink: Sink, feed: Feed) -> None:
 
 def scenario_partitions(sink: Sink, feed: Feed) -> None:
     topic = f"{sink.topics[0]}-{sink.name}-grown"
-    produce = sink.ops.project.produce
     produce.ensure_topics(sink.ops.bootstrap, [topic], 1)
     feed.events([topic], 60)
     sink.topics = [*sink.topics, topic]
@@ -258,11 +261,10 @@ def scenario_partitions(sink: Sink, feed: Feed) -> None:
     planned_topic = f"{topic}-two"
     produce.ensure_topics(sink.ops.bootstrap, [planned_topic], 2)
     feed.events([planned_topic], 40)
-    source = __import__(f"{sink.ops.project.package}.embedded.source", fromlist=["x"])
-    reader = source.KafkaStreamReader(
+    reader = KafkaStreamReader(
         {"kafka.bootstrap.servers": sink.ops.bootstrap, "subscribe": planned_topic}
     )
-    end = reader.latestOffset({planned_topic: {"0": 0}}, source.ReadAllAvailable())
+    end = reader.latestOffset({planned_topic: {"0": 0}}, ReadAllAvailable())
     tasks = reader.partitions({planned_topic: {}}, end)
     ranges = {(r.partition, r.start, r.end) for task in tasks for r in task.ranges}
     assert (1, 0, end[planned_topic]["1"]) in ranges, (ranges, end)
@@ -340,7 +342,7 @@ def scenario_concurrency(sink: Sink, feed: Feed) -> None:
         for proc in procs:
             if proc.poll() is None:
                 # The driver stops after the current micro-batch (so would the whole process
-                # group: see graceful_stop.py in the generated project).
+                # group: see kafka_delta/runtime/graceful_stop.py).
                 proc.send_signal(signal.SIGTERM)
         codes = []
         for proc in procs:
@@ -405,7 +407,7 @@ def scenario_transactions(sink: Sink, feed: Feed) -> None:
     topic = sink.topics[0]
     feed.transaction(topic, 100, abort=False, txn_id=f"ops-{sink.name}-commit")
     probe = f"probe-{sink.name}"
-    sink.ops.project.produce.ensure_topics(sink.ops.bootstrap, [probe], 1)
+    produce.ensure_topics(sink.ops.bootstrap, [probe], 1)
     if aborts_are_filtered(sink.ops.bootstrap, probe):
         # A producer aborts (ids the table must never hold), then retries and commits.
         feed.transaction(topic, 300, abort=True, txn_id=f"ops-{sink.name}-abort")
@@ -503,7 +505,6 @@ def scenario_recreated_topic(sink: Sink, feed: Feed) -> None:
     first record, although the new topic holds more records than the stored offsets."""
     topic = f"{sink.topics[0]}-{sink.name}-recreated"
     bootstrap = sink.ops.bootstrap
-    produce = sink.ops.project.produce
     produce.ensure_topics(bootstrap, [topic], 2)
     feed.events([topic], 60)
     sink.topics = [*sink.topics, topic]
@@ -595,15 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         sinks.remove("delta_spark")
     shutil.rmtree(args.workdir, ignore_errors=True)
     project = harness.generate(args.workdir)
-    broker = project.broker.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+    broker = EmbeddedBroker(log_path=args.workdir / "broker.log").start()
     ops = Ops(project, broker.bootstrap_servers, args.workdir)
     totals = {"produced": 0, "rows": 0, "distinct": 0, "missing": 0, "duplicates": 0}
     try:
         for name in sinks:
             sink = Sink(ops, name, harness.sink_settings(name, jars), jars)
             sink.topics = [f"{t}-{name}" for t in sink.topics]
-            feed = ops.feeds.setdefault(name, Feed(project, ops.bootstrap))
-            project.produce.ensure_topics(ops.bootstrap, sink.topics, 2)
+            feed = ops.feeds.setdefault(name, Feed(ops.bootstrap))
+            produce.ensure_topics(ops.bootstrap, sink.topics, 2)
             feed.events(sink.topics, 300)
             sink.run()
             sink.verify("baseline")

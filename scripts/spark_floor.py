@@ -29,14 +29,11 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from devtools import load_template_package  # noqa: E402
+from kafka_delta.runtime import jvm_archive as archive  # noqa: E402
+from kafka_delta.runtime import python_launcher as launcher  # noqa: E402
 
 
-def _session(package: str):
-    import importlib
-
-    launcher = importlib.import_module(f"{package}.python_launcher")
-    archive = importlib.import_module(f"{package}.jvm_archive")
+def _session():
     launcher.use_for_spark()
     from pyspark.sql import SparkSession
 
@@ -125,8 +122,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.batches < 10:
         parser.error("--batches must be at least 10 (the first five are warm-up)")
-    package = load_template_package()
-    spark = _session(package)
+    spark = _session()
     session_s = time.time() - STARTED
     work = Path(tempfile.mkdtemp(prefix="spark-floor-"))
     try:

@@ -1,5 +1,6 @@
-"""The repository's own devtools scripts (README, "Other scripts"), run as pasted: the embedded
-broker and its Schema Registry straight from template/, no project generated."""
+"""The repository's own dev-tool scripts (README, "Other scripts"), run as pasted: the embedded
+broker and its Schema Registry (kafka_delta_dev, imported by the repo's venv straight from
+template/), no project generated."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_scripts_broker_starts_the_broker_and_its_schema_registry_and_stops_both
         assert started.returncode == 0, started.stderr
         state = json.loads(state_file.read_text())
         assert started.stdout.strip() == state["bootstrap_servers"]
-        # The registry runs in its own process, which imports the template's package too.
+        # The registry runs in its own process (python -m kafka_delta_dev.registry).
         with urllib.request.urlopen(f"{state['schema_registry_url']}/subjects", timeout=10) as r:
             assert json.loads(r.read()) == []
     finally:

@@ -47,11 +47,17 @@ LOAD_CONFIGS = """
 import importlib, json, sys
 src, package, *paths = sys.argv[1:]
 sys.path.insert(0, src)
-config = importlib.import_module(package + ".config")
+# The project's own copy of the engine, first on the path.
+config = importlib.import_module("kafka_delta.config")
+contract = importlib.import_module("kafka_delta.contract")
+assert config.__file__.startswith(src), config.__file__
 # conf/databricks.yaml of a project on Avro or Protobuf takes the registry URL from the job's
 # environment.
 environ = {"SCHEMA_REGISTRY_URL": "https://schema-registry.invalid"}
-print(json.dumps({p: config.load_config(p, environ).model_dump(mode="json") for p in paths}))
+configs = {p: config.load_config(p, environ) for p in paths}
+for cfg in configs.values():  # the transform each config names is the project's, importable
+    assert contract.load_transform(cfg.transform).__module__ == package + ".transform"
+print(json.dumps({p: cfg.model_dump(mode="json") for p, cfg in configs.items()}))
 """
 
 
@@ -126,7 +132,7 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
     assert pyproject["project"]["description"] == answers["description"]
     assert pyproject["project"]["authors"] == [{"name": answers["author_name"]}]
     # run() leaves with the real exit status of main() (process_exit.py)
-    assert pyproject["project"]["scripts"] == {slug: f"{package}.main:run"}
+    assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
     assert (project / "src" / package / "main.py").is_file()
 
     bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))

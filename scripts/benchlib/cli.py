@@ -22,7 +22,7 @@ def default_batch_size(records: int) -> int:
 
 
 def default_delta_jars() -> str | None:
-    """$KAFKA_DELTA_JARS (as the generated tests' conftest reads it), else the build machines'
+    """$KAFKA_DELTA_JARS (as the engine's pytest plugin reads it), else the build machines'
     shared folder when it exists; None: row 6 reports that it has no jars."""
     configured = os.environ.get(JARS_ENV)
     if configured:

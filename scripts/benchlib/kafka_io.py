@@ -140,7 +140,7 @@ def parse_avro_messages(
 
 def parse_messages(messages: Sequence[Any], topic: str) -> Any:
     """What a hand-written ingest does: JSON values parsed by pyarrow.json, plus the Kafka
-    coordinates, in the columns of the generated project's sample transform."""
+    coordinates, in the columns of the sample transform (kafka_delta_dev.orders)."""
     import pyarrow as pa
     import pyarrow.json as pj
 

@@ -50,8 +50,8 @@ def plain_append(sink: Any, rows: Any, txn: tuple[str, int] | None = None) -> in
 
 
 def plain_pipeline(base: type, txn: bool = False) -> type:
-    """A subclass of the generated ``Pipeline`` whose batches are plain appends; with ``txn``,
-    each carries ``(pipeline id, batch id)`` as its txn (row 7)."""
+    """A subclass of the engine's ``Pipeline`` (kafka_delta.pipeline) whose batches are plain
+    appends; with ``txn``, each carries ``(pipeline id, batch id)`` as its txn (row 7)."""
 
     class PlainPipeline(base):  # type: ignore[misc,valid-type]
         # The sink's share of a batch; the bench times it, as it times commit_batch in row 4.

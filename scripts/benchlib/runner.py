@@ -4,7 +4,6 @@ each measurement in its own worker process, and turns the workers' records into 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shutil
 import sys
@@ -54,49 +53,55 @@ class Bench:
                 output_dir=str(self.out / "project"),
             )
         )
-        (package,) = [p.name for p in (project / "src").iterdir() if (p / "__init__.py").exists()]
-        self.src, self.package = str(project / "src"), package
+        # Imported here, not at the top: a worker process imports this module too, and its
+        # start-up is measured.
+        from kafka_delta.kafka import admin
+        from kafka_delta.runtime import jvm_archive, python_launcher
+        from kafka_delta_dev import broker, produce
+
+        self.src = str(project / "src")
         self.schema_file = str(project / "schemas" / "order_event.ddl")
-        sys.path.insert(0, self.src)
-        self.broker_mod = importlib.import_module(f"{package}.devtools.broker")
-        self.produce_mod = importlib.import_module(f"{package}.devtools.produce")
-        self.admin_mod = importlib.import_module(f"{package}.kafka_admin")
-        # Spark's Python workers import the package by name and must run this interpreter.
+        self.broker_mod, self.produce_mod, self.admin_mod = broker, produce, admin
+        # The workers run the generated project's engine (its src/ holds kafka_delta and
+        # kafka_delta_dev); Spark's Python workers import it by name and must run this
+        # interpreter.
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.env["PYTHONPATH"] = self.src
-        # ... through the project's launcher, as its runs do: Spark's Python processes import the
-        # installed, compiled pyspark instead of Spark's source zip (python_launcher.py).
-        python = importlib.import_module(f"{package}.python_launcher").interpreter(sys.executable)
+        # ... through the engine's launcher, as the project's runs do: Spark's Python processes
+        # import the installed, compiled pyspark instead of Spark's source zip
+        # (kafka_delta.runtime.python_launcher).
+        python = python_launcher.interpreter(sys.executable)
         self.env["PYSPARK_PYTHON"] = python
         self.env["PYSPARK_DRIVER_PYTHON"] = python
         # Spark workers map the JVM class archive the first run records (record_class_archive),
         # kept in this run's folder; SPARK_CLASS_ARCHIVE=off measures starts without one.
-        self.archive = importlib.import_module(f"{package}.jvm_archive")
+        self.archive = jvm_archive
         shutil.rmtree(self.out / "jvm-archive", ignore_errors=True)
         if self.archive.directory(self.env) is not None:
             self.env[self.archive.ENV] = str(self.out / "jvm-archive")
 
     def delta_jars(self) -> tuple[list[str], str]:
-        """(jars for row 6, "") or ([], why there are none): the generated project's own
-        reading of a jar folder (connectors.local_connector_jars), as its tests' conftest does."""
+        """(jars for row 6, "") or ([], why there are none): the engine's own reading of a jar
+        folder (kafka_delta.runtime.connectors.local_connector_jars), as its pytest plugin
+        does."""
+        from kafka_delta.runtime.connectors import ConnectorMissingError, local_connector_jars
+
         folder = self.args.delta_jars
         if not folder:
             return [], f"no delta-spark jars (set {JARS_ENV}=<folder of jars> or --delta-jars)"
-        engine = importlib.import_module(f"{self.package}.connectors")
         try:
-            return engine.local_connector_jars(folder), ""
-        except engine.ConnectorMissingError as exc:
+            return local_connector_jars(folder), ""
+        except ConnectorMissingError as exc:
             return [], f"no delta-spark jars: {exc}"
 
     @property
     def registry_url(self) -> str:
-        """The generated project's development Schema Registry, started on first use (Avro
-        rows), stopped by pid when the run ends."""
+        """The development Schema Registry (kafka_delta_dev.registry), started on first use
+        (Avro rows), stopped by pid when the run ends."""
         if self.registry is None:
-            module = importlib.import_module(f"{self.package}.devtools.registry")
-            self.registry = module.LocalSchemaRegistry(
-                log_path=self.out / "logs" / "registry.log"
-            ).start()
+            from kafka_delta_dev.registry import LocalSchemaRegistry
+
+            self.registry = LocalSchemaRegistry(log_path=self.out / "logs" / "registry.log").start()
         return str(self.registry.url)
 
     def decoding(self, value_format: str = "json") -> dict[str, Any]:
@@ -136,7 +141,6 @@ class Bench:
     def spec(self, topic: str, ends: dict[int, int], **extra: Any) -> dict[str, Any]:
         return {
             "src": self.src,
-            "package": self.package,
             "bootstrap": self.bootstrap,
             "topic": topic,
             "ends": {str(p): o for p, o in ends.items()},
@@ -162,7 +166,6 @@ class Bench:
     def session_spec(self, **extra: Any) -> dict[str, Any]:
         return {
             "src": self.src,
-            "package": self.package,
             "bootstrap": self.bootstrap,
             "master": self.args.spark_master,
             **extra,

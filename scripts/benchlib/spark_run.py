@@ -1,6 +1,8 @@
 """Workers that run the generated pipeline (rows 4-8, the sweep, the memory runs), each in its
-own process started by :mod:`.procs`. The engine itself is untouched: a subclass of its
-``Pipeline`` records when each batch committed, how long its sink took and the driver's RSS.
+own process started by :mod:`.procs`: the generated project's engine (its ``src/`` on the
+worker's PYTHONPATH) with the sample transform, kafka_delta_dev.orders (``TRANSFORM``). The
+engine itself is untouched: a subclass of its ``Pipeline`` records when each batch committed,
+how long its sink took and the driver's RSS.
 
 A pipeline result's ``batches`` are lists ``[commit time, rows, seconds in the batch function,
 of which in the Delta sink, driver Python RSS MB, driver JVM RSS MB]`` (see :data:`BATCH`)."""
@@ -8,10 +10,8 @@ of which in the Delta sink, driver Python RSS MB, driver JVM RSS MB]`` (see :dat
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,14 +25,8 @@ log = logging.getLogger("bench")
 
 # Index of each field in a pipeline batch record.
 BATCH = {"time": 0, "rows": 1, "function_s": 2, "sink_s": 3, "driver_mb": 4, "jvm_mb": 5}
-# The generated project's own log format (main.py): start-up phases are parsed from it.
+# The engine's own log format (kafka_delta.cli): start-up phases are parsed from it.
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def _import_package(spec: dict[str, Any], module: str) -> Any:
-    if spec["src"] not in sys.path:
-        sys.path.insert(0, spec["src"])
-    return importlib.import_module(f"{spec['package']}.{module}")
 
 
 def _logging() -> None:
@@ -52,7 +46,8 @@ def _project_spark_conf(spec: dict[str, Any]) -> dict[str, str]:
 def _spark(spec: dict[str, Any]) -> Any:
     """A local session with the generated project's own Spark confs (``conf/local.yaml``) on
     ``spec["master"]``; with ``spec["jars"]`` (delta-spark), those jars on spark.jars and Delta's
-    session extension and catalog, as the tests' conftest does."""
+    session extension and catalog, as the engine's pytest plugin does."""
+    from kafka_delta.runtime import jvm_archive as archive
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(spec["master"]).appName("bench")
@@ -63,13 +58,14 @@ def _spark(spec: dict[str, Any]) -> Any:
         builder = builder.config(key, value)
     # As scripts/run_local.sh: the JVM maps Spark's classes from the class-data archive, or
     # records it at exit when there is none yet (the orchestrator's first run does).
-    archive = _import_package(spec, "jvm_archive")
     options = archive.option_string(archive.java_options(os.getpid()))
     if options:
         builder = builder.config("spark.driver.extraJavaOptions", options)
     if spec.get("jars"):
+        from kafka_delta.runtime.connectors import DELTA_SESSION_CONFS
+
         builder = builder.config("spark.jars", ",".join(spec["jars"]))
-        for key, value in _import_package(spec, "connectors").DELTA_SESSION_CONFS.items():
+        for key, value in DELTA_SESSION_CONFS.items():
             builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
@@ -128,10 +124,13 @@ def _timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
 def _run_pipeline(
     spark: Any, spec: dict[str, Any], run: dict[str, Any], probe: DriverProbe
 ) -> dict[str, Any]:
-    config_mod = _import_package(spec, "config")
-    pipeline_mod = _import_package(spec, "pipeline")
+    from kafka_delta.config import PipelineConfig
+    from kafka_delta.pipeline import Pipeline
+    from kafka_delta_dev.orders import TRANSFORM
+
     settings: dict[str, Any] = {
         "pipeline_id": run["name"],
+        "transform": TRANSFORM,
         "kafka": {
             "bootstrap_servers": spec["bootstrap"],
             "topics": [run["topic"]],
@@ -146,18 +145,14 @@ def _run_pipeline(
         settings["engine"] = run["engine"]
     if run.get("decoding"):
         settings["decoding"] = run["decoding"]
-    config = config_mod.PipelineConfig.model_validate(settings)
+    config = PipelineConfig.model_validate(settings)
     batches: list[list[Any]] = []
     in_sink = [0.0]
 
     exactly_once = run.get("exactly_once", True)
     if not exactly_once:
         config = config.with_overrides(**{"commit_back.enabled": False})
-    base = (
-        pipeline_mod.Pipeline
-        if exactly_once
-        else plain_pipeline(pipeline_mod.Pipeline, txn=run.get("txn", False))
-    )
+    base = Pipeline if exactly_once else plain_pipeline(Pipeline, txn=run.get("txn", False))
 
     class TimedPipeline(base):  # type: ignore[valid-type,misc]
         """Records each batch when its commit returned (see BATCH), and logs when the stream

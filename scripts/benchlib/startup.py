@@ -1,6 +1,7 @@
 """Start-up, split into phases read from the log lines a pipeline worker prints.
 
-A worker logs in the generated project's format (``2026-01-02 10:11:12,345 INFO name: message``).
+A worker logs in the engine's format (kafka_delta.cli:
+``2026-01-02 10:11:12,345 INFO name: message``).
 Each phase ends at the first line that announces it; a phase the log does not announce is left
 out, and its time counts in the next one found:
 

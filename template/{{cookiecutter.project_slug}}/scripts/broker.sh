@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1, and
-# beside it the development Schema Registry (src/.../devtools/registry.py; its URL in .broker.json).
+# beside it the development Schema Registry (kafka_delta_dev/registry.py; its URL in .broker.json).
 #   scripts/broker.sh start [--port 9092]    prints the bootstrap address, keeps it in .broker.json
 #   scripts/broker.sh address                prints the running broker's address
 #   scripts/broker.sh registry-url           prints the development Schema Registry's URL
@@ -9,4 +9,4 @@
 # --bootstrap-servers is given: nothing needs the broker's port pasted in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec python -m {{ cookiecutter.package_name }}.devtools.broker "$@" --state .broker.json
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec python -m kafka_delta_dev.broker "$@" --state .broker.json

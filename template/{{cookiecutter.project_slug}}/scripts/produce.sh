@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-BROKER=(python -m {{ cookiecutter.package_name }}.devtools.broker)
+BROKER=(python -m kafka_delta_dev.broker)
 ARGS=("$@")
 case " $* " in
   *" --format"*) ;;
@@ -29,4 +29,4 @@ case " $* " in
      REGISTRY="$("${BROKER[@]}" registry-url --state .broker.json)"
      ARGS+=(--registry-url "$REGISTRY") ;;
 esac
-exec python -m {{ cookiecutter.package_name }}.devtools.produce "${ARGS[@]}"
+exec python -m kafka_delta_dev.produce "${ARGS[@]}"

@@ -22,7 +22,7 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   fi
   exec scripts/run_local.sh --engine cluster "$@"  # it puts the folder's jars on --jars
 fi
-export SPARK_SUBMIT_EXTRA="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m {{ cookiecutter.package_name }}.connectors) \
+export SPARK_SUBMIT_EXTRA="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m kafka_delta.runtime.connectors) \
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
   --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
   ${SPARK_SUBMIT_EXTRA:-}"

@@ -18,7 +18,7 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   JARS="$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name '*.jar' | sort | paste -sd, -)"
   [ -n "$JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS holds no .jar file" >&2; exit 2; }
   echo "run_local.sh: connector jars from $KAFKA_DELTA_JARS on --jars, with Delta's session extension" >&2
-  # Delta's extension and catalog are what delta-spark needs outside Databricks (connectors.py,
+  # Delta's extension and catalog are what delta-spark needs outside Databricks (kafka_delta/runtime/connectors.py,
   # DELTA_SESSION_CONFS); without them its DeltaLog works but SQL on the table does not.
   SPARK_SUBMIT_EXTRA="--jars $JARS \
     --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
@@ -28,22 +28,22 @@ fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # Spark starts its Python processes with its source zip of pyspark first on PYTHONPATH, which
 # Python compiles anew in each (~1 s apiece): the launcher runs the same interpreter with the
-# installed, compiled pyspark instead (src/{{ cookiecutter.package_name }}/python_launcher.py).
-SPARK_PYTHON="$("$PYTHON" -m {{ cookiecutter.package_name }}.python_launcher)" || SPARK_PYTHON="$PYTHON"
+# installed, compiled pyspark instead (kafka_delta/runtime/python_launcher.py).
+SPARK_PYTHON="$("$PYTHON" -m kafka_delta.runtime.python_launcher)" || SPARK_PYTHON="$PYTHON"
 export PYSPARK_PYTHON="$SPARK_PYTHON" PYSPARK_DRIVER_PYTHON="$SPARK_PYTHON"
 ARGS=("$@")
 case " $* " in
   *" --bootstrap-servers"*) ;;
   *) if [ -f .broker.json ]; then
-       ADDRESS="$("$PYTHON" -m {{ cookiecutter.package_name }}.devtools.broker address --state .broker.json)"
+       ADDRESS="$("$PYTHON" -m kafka_delta_dev.broker address --state .broker.json)"
        echo "run_local.sh: using the broker scripts/broker.sh started, at $ADDRESS" >&2
        ARGS=("$@" --bootstrap-servers "$ADDRESS")
      fi ;;
 esac
 # The JVM maps Spark's classes from a class-data archive, which the first run records as its JVM
-# exits (src/{{ cookiecutter.package_name }}/jvm_archive.py): later starts are 2-3 s shorter.
+# exits (kafka_delta/runtime/jvm_archive.py): later starts are 2-3 s shorter.
 # SPARK_CLASS_ARCHIVE=off turns it off. $$ is the JVM's pid: this script and spark-submit exec.
-JVM_ARCHIVE="$("$PYTHON" -m {{ cookiecutter.package_name }}.jvm_archive options --pid $$)" || JVM_ARCHIVE=""
+JVM_ARCHIVE="$("$PYTHON" -m kafka_delta.runtime.jvm_archive options --pid $$)" || JVM_ARCHIVE=""
 SPARK_SUBMIT="$(dirname "$PYTHON")/spark-submit"
 [ -x "$SPARK_SUBMIT" ] || SPARK_SUBMIT=spark-submit
 # Spark's launcher always adds the JDK module jdk.incubator.vector, and the JDK then prints

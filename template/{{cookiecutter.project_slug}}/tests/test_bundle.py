@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.config import load_config
+from kafka_delta import load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 BUNDLE = PROJECT / "databricks.yml"
@@ -70,22 +70,32 @@ def test_bundle_runs_an_entry_point_of_the_built_wheel(bundle, wheel: Path) -> N
         scripts = whl.read(entry_points).decode()
     distribution = wheel.name.split("-")[0]
     assert task["package_name"] == distribution
-    # run(), not main(): it leaves with main's real exit status (see process_exit.py)
-    entry = re.search(rf"^{re.escape(task['entry_point'])} = (\S+)\.main:run$", scripts, re.M)
+    # main() hands over to kafka_delta.run, which leaves with the run's real exit status
+    entry = re.search(rf"^{re.escape(task['entry_point'])} = (\S+)\.main:main$", scripts, re.M)
     assert entry, scripts
-    package = "{{ cookiecutter.package_name }}"
-    assert entry.group(1) == package
+    assert entry.group(1) == "{{ cookiecutter.package_name }}"
+
+
+def test_the_wheel_holds_this_project_and_the_engine_and_no_development_tool(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as whl:
-        assert re.search(r"^def run\(", whl.read(f"{package}/main.py").decode(), re.M)
+        packages = {n.split("/")[0] for n in whl.namelist() if not n.endswith(".dist-info/")}
+        modules = set(whl.namelist())
+    packages = {p for p in packages if not p.endswith(".dist-info")}
+
+    assert packages == {"{{ cookiecutter.package_name }}", "kafka_delta"}, packages
     for module in (
-        "main.py",
-        "process_exit.py",
-        "engine.py",
-        "cluster/sink.py",
-        "cluster/source.py",
-        "embedded/source.py",
+        "{{ cookiecutter.package_name }}/main.py",
+        "{{ cookiecutter.package_name }}/transform.py",
+        "kafka_delta/cli.py",
+        "kafka_delta/pipeline.py",
+        "kafka_delta/sinks/delta_spark/sink.py",
+        "kafka_delta/sources/spark_kafka.py",
+        "kafka_delta/sources/kafka_datasource.py",
     ):
-        assert f"{package}/{module}" in names, module
+        assert module in modules, module
+    # The broker, the Schema Registry, the S3 API, the producer and the pytest plugin are
+    # development tools: never deployed.
+    assert not [m for m in modules if "kafka_delta_dev" in m or "devtools" in m]
 
 
 def test_bundle_passes_a_config_that_validates_on_the_cluster_engine(bundle) -> None:
@@ -260,7 +270,6 @@ def test_each_targets_maintenance_job_runs_table_maintain_daily_on_the_streams_t
     bundle, target: str
 ) -> None:
     jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
-    from {{ cookiecutter.package_name }}.commands.table import _parser
 
     resolved = _target_job(bundle, target, MAINTENANCE)
     assert "${var." not in json.dumps(resolved)
@@ -277,6 +286,3 @@ def test_each_targets_maintenance_job_runs_table_maintain_daily_on_the_streams_t
     # The same config and table (so the same dead-letter table) as the target's streaming job.
     for flag in ("--config", "--table"):
         assert params[params.index(flag) + 1] == _argument(stream, flag), flag
-    # The command's own parser takes the arguments.
-    args = _parser().parse_args(params[1:])
-    assert args.command == "maintain" and not args.dry_run

@@ -7,13 +7,8 @@ from datetime import datetime, timezone
 from chispa import assert_df_equality
 from pyspark.sql import types as T
 
-from {{ cookiecutter.package_name }}.embedded.source import SCHEMA
-from {{ cookiecutter.package_name }}.transform import (
-    DEAD_LETTER_COLUMN,
-    EVENT_SCHEMA,
-    parse_json_values,
-    transform,
-)
+from kafka_delta import DEAD_LETTER_COLUMN, KAFKA_SCHEMA, parse_json_values
+from {{ cookiecutter.package_name }}.transform import EVENT_SCHEMA, transform
 
 KAFKA_TS = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -23,7 +18,7 @@ def _kafka_rows(spark, values):
         (None, v.encode() if v is not None else None, "orders", 0, i, KAFKA_TS, 0, None)
         for i, v in enumerate(values)
     ]
-    return spark.createDataFrame(rows, SCHEMA)
+    return spark.createDataFrame(rows, KAFKA_SCHEMA)
 
 
 def _expected(spark, rows):

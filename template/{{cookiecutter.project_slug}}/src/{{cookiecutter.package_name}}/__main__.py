@@ -1,3 +1,3 @@
-from .main import run
+from {{ cookiecutter.package_name }}.main import main
 
-run()
+main()

@@ -1,0 +1,159 @@
+"""What the offsets commands read from Delta (delta-rs, no Spark) and Kafka (confluent-kafka).
+
+Both sinks write the same ``userMetadata`` record (:class:`..offsets.BatchCommit`), and delta-rs
+reads a delta-spark table's log as well as its own, so everything here works on tables written
+by either sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from kafka_delta.config import PipelineConfig
+from kafka_delta.kafka.admin import KafkaAdmin
+from kafka_delta.offsets.history import live_history
+from kafka_delta.offsets.model import (
+    BatchCommit,
+    StoredOffsets,
+    parse_user_metadata,
+    starting_offsets_option,
+)
+from kafka_delta.offsets.stored import HISTORY_PAGES, read_stored
+from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog, open_table
+from kafka_delta.sinks.delta_spark.commit_copies import read_copy_file
+
+# Kafka metadata calls of a command: long enough for a loaded broker, short enough for a human.
+KAFKA_TIMEOUT_S = 15.0
+
+
+class CommandError(RuntimeError):
+    """Bad input or a state the command cannot work on: one clear message, nothing written."""
+
+
+@dataclass(frozen=True)
+class PipelineCommit:
+    """One commit of the pipeline in the Delta log."""
+
+    version: int
+    timestamp_ms: int | None
+    record: BatchCommit
+
+    @property
+    def is_reset(self) -> bool:
+        return self.record.reset is not None
+
+    def stored(self) -> StoredOffsets:
+        r = self.record
+        return StoredOffsets(
+            r.end_offsets, self.version, r.app_id, r.batch_id, seq=r.seq, reset=r.reset
+        )
+
+
+def _commits(history: Iterable[dict[str, object]], pipeline_id: str) -> list[PipelineCommit]:
+    found = []
+    for entry in history:
+        record = parse_user_metadata(entry.get("userMetadata"), pipeline_id)
+        if record is not None:
+            stamp = entry.get("timestamp")
+            found.append(
+                PipelineCommit(
+                    int(entry["version"]),  # type: ignore[call-overload]
+                    int(stamp) if isinstance(stamp, int) else None,
+                    record,
+                )
+            )
+    return found
+
+
+def open_existing(uri: str, config: PipelineConfig, what: str = "table") -> DeltaTable:
+    table = open_table(uri, config.delta.storage_options)
+    if table is None:
+        raise CommandError(f"there is no Delta {what} at {uri}")
+    return table
+
+
+def newest_commit(table: DeltaTable, pipeline_id: str) -> PipelineCommit | None:
+    """The pipeline's newest commit in effect in the retained log (a RESTORE hides the
+    commits it undid), reading no more than it must."""
+    for limit in HISTORY_PAGES:
+        page = table.history(limit)
+        found = _commits(live_history(page), pipeline_id)
+        if found:
+            return max(found, key=lambda c: c.version)
+        if limit is None or len(page) < limit:
+            return None
+    return None
+
+
+def commits_in(history: Iterable[dict[str, object]], pipeline_id: str) -> list[PipelineCommit]:
+    """Every commit of the pipeline in ``history`` (a table's ``history()``), oldest first."""
+    return sorted(_commits(history, pipeline_id), key=lambda c: c.version)
+
+
+def stored_offsets(
+    table: DeltaTable, config: PipelineConfig, partitions: dict[str, list[int]]
+) -> tuple[StoredOffsets, PipelineCommit | None]:
+    """The pipeline's stored offsets, read by the pipeline's own reader (RESTOREs, commit
+    copies, txn actions: :mod:`..stored_offsets`), and the commit holding them (None when log
+    cleanup left them in a copy or in txn actions only); no commit of the pipeline is an error."""
+    pipeline_id = config.pipeline_id
+    log = DeltaRsLog(
+        table,
+        lambda seq: read_copy_file(
+            config.delta.table, pipeline_id, seq, config.delta.storage_options
+        ),
+    )
+    stored = read_stored(log, pipeline_id, lambda: partitions)
+    if stored is None:
+        starting = starting_offsets_option(config.kafka.starting_offsets)
+        raise CommandError(
+            f"table {config.delta.table} holds no commits of pipeline {config.pipeline_id!r} "
+            f"(version {table.version()}): wrong table or --env? The pipeline's first run "
+            f"starts at kafka.starting_offsets ({starting})."
+        )
+    if stored.delta_version is None or stored.expired:
+        return stored, None
+    return stored, newest_commit(table, pipeline_id)
+
+
+def row_count(table: DeltaTable) -> int:
+    """Rows in the table's current snapshot, from the file statistics when every file has
+    them (no data read), else by scanning."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    counts = actions.column("num_records")
+    if counts.null_count == 0:
+        return int(pc.sum(counts).as_py() or 0)
+    return int(table.to_pyarrow_dataset().count_rows())
+
+
+def kafka_partitions(
+    admin: KafkaAdmin, topics: Iterable[str]
+) -> tuple[dict[str, list[int]], list[str]]:
+    """(partitions of the topics that exist on Kafka, the topics that do not)."""
+    found, missing = {}, []
+    for topic in sorted(set(topics)):
+        try:
+            found.update(admin.partitions([topic]))
+        except ValueError:
+            missing.append(topic)
+    return found, missing
+
+
+def format_rows(header: list[str], rows: list[list[object]]) -> list[str]:
+    """Rows as aligned text columns (None shows as '-')."""
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+
+
+def admin_for(config: PipelineConfig) -> KafkaAdmin:
+    return KafkaAdmin(config.kafka.client_config(), timeout_s=KAFKA_TIMEOUT_S)

@@ -1,0 +1,615 @@
+"""Typed pipeline configuration, parsed once from ``conf/<env>.yaml`` and validated at start-up.
+
+Library code receives a frozen :class:`PipelineConfig`; it never reads files or the environment.
+
+>>> cfg = PipelineConfig.model_validate({
+...     "pipeline_id": "orders", "kafka": {"bootstrap_servers": "127.0.0.1:9092",
+...     "topics": ["orders"], "consumer_group": "orders"},
+...     "delta": {"table": "/tmp/t"}, "checkpoint": "/tmp/c"})
+>>> cfg.trigger.mode
+'available_now'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Kafka's own rule for topic names (kafka.common.internals.Topic).
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_PIPELINE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A column name as Spark and delta-rs accept it inside backticks (no backtick, no newline).
+_COLUMN_RE = re.compile(r"^[^`\n]+$")
+# ${NAME} in a config value is replaced by that environment variable when the file is loaded:
+# how secrets (SASL passwords, ...) reach the config without being written into it.
+_ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# Settings the pipeline sets itself on every Kafka client; the config must not override them.
+_MANAGED_CLIENT_KEYS = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit"})
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the file and every bad key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaConfig(_Model):
+    bootstrap_servers: str = Field(min_length=1)
+    topics: tuple[str, ...] = Field(min_length=1)
+    consumer_group: str = Field(min_length=1)
+    # Where the pipeline's very first start reads each partition (the table stores no offsets
+    # of it yet): earliest, latest, or {topic: {partition: offset}} as Spark's kafka source
+    # takes it (-2: that partition's earliest, -1: its latest; a partition left out: earliest).
+    # Once the table stores offsets they win, and a partition added later starts at earliest.
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[int, int]] = "earliest"
+    max_records_per_trigger: int | None = Field(default=500_000, gt=0)
+    fail_on_data_loss: bool = True
+    # Seconds a read task waits for offsets that the plan says exist before failing.
+    poll_timeout_seconds: float = Field(default=120.0, gt=0)
+    # Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed through as-is to
+    # every confluent-kafka client: the embedded source, metadata queries, the commit-back hook.
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Extra Java Kafka client settings for Spark's built-in source (engine.source:
+    # spark_kafka), passed as its `kafka.<key>` options (security.protocol, sasl.jaas.config,
+    # ssl.truststore.location, ...). Java and librdkafka name some settings differently.
+    jvm_client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("topics")
+    @classmethod
+    def _valid_topics(cls, topics: tuple[str, ...]) -> tuple[str, ...]:
+        for topic in topics:
+            if not _TOPIC_RE.match(topic) or topic in {".", ".."}:
+                raise ValueError(
+                    f"{topic!r} is not a valid Kafka topic name "
+                    "(1-249 characters of letters, digits, '.', '_' or '-')"
+                )
+        if len(set(topics)) != len(topics):
+            raise ValueError("lists a topic more than once")
+        return topics
+
+    @model_validator(mode="after")
+    def _starting_offsets_name_subscribed_partitions(self) -> KafkaConfig:
+        if isinstance(self.starting_offsets, str):
+            return self
+        unknown = sorted(set(self.starting_offsets) - set(self.topics))
+        if unknown:
+            raise ValueError(
+                f"starting_offsets names topic(s) {unknown} that kafka.topics does not list"
+            )
+        bad = [
+            f"{t}[{p}]={o}"
+            for t, parts in self.starting_offsets.items()
+            for p, o in parts.items()
+            if p < 0 or o < -2
+        ]
+        if bad:
+            raise ValueError(
+                f"starting_offsets has {', '.join(bad)}: partitions are >= 0, offsets >= 0, or "
+                "-2 (earliest) / -1 (latest)"
+            )
+        return self
+
+    @field_validator("client", "jvm_client")
+    @classmethod
+    def _no_managed_client_keys(cls, client: dict[str, Any]) -> dict[str, Any]:
+        prefixed = sorted(k for k in client if k.startswith("kafka."))
+        if prefixed:
+            raise ValueError(
+                f"sets {prefixed}: give Kafka client settings without the 'kafka.' prefix "
+                "(the pipeline adds it where Spark needs it)"
+            )
+        managed = _MANAGED_CLIENT_KEYS & set(client)
+        if managed:
+            raise ValueError(
+                f"sets {sorted(managed)}, which the pipeline manages itself; "
+                "use kafka.bootstrap_servers / kafka.consumer_group instead"
+            )
+        return client
+
+    @model_validator(mode="after")
+    def _same_security_for_both_clients(self) -> KafkaConfig:
+        # Even on Spark's kafka source, the pipeline talks to Kafka through librdkafka: the
+        # consumer-group commit, partition metadata for a new checkpoint, lag. A broker that
+        # needs credentials must get them from both clients, or those calls fail at run time.
+        jvm = str(self.jvm_client.get("security.protocol", "PLAINTEXT")).upper()
+        native = str(self.client.get("security.protocol", "PLAINTEXT")).upper()
+        if jvm != native:
+            raise ValueError(
+                f"jvm_client uses security.protocol {jvm} but client uses {native}: the pipeline "
+                "also reaches Kafka through librdkafka (consumer-group commits, metadata), so "
+                "give kafka.client the same security settings in librdkafka's names "
+                "(security.protocol, sasl.mechanism, sasl.username, sasl.password, "
+                "ssl.ca.location)"
+            )
+        return self
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings shared by every client the pipeline creates."""
+        conf = {k: _client_value(v) for k, v in self.client.items()}
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        return conf
+
+    def jvm_client_options(self) -> dict[str, str]:
+        """Options of Spark's kafka source for the Java client settings (``kafka.<key>``)."""
+        return {f"kafka.{k}": _client_value(v) for k, v in self.jvm_client.items()}
+
+
+class DeltaConfig(_Model):
+    table: str = Field(min_length=1)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    # append: every record becomes a row. upsert: MERGE on merge_keys, one row per key holding
+    # its latest value (newest by order_by, then by Kafka offset), for changelog-style topics.
+    mode: Literal["append", "upsert"] = "append"
+    merge_keys: tuple[str, ...] = ()
+    # Column that orders two versions of one key (e.g. an event time or version number). With
+    # it, an older version arriving later never overwrites a newer row; without it, the later
+    # Kafka record wins (records of one key share a partition when keyed by it).
+    order_by: str | None = None
+    # A batch with columns the table lacks (a producer added a field): add_columns adds them,
+    # nullable, before the batch's commit (rows written before read null); fail stops the run.
+    schema_evolution: Literal["add_columns", "fail"] = "add_columns"
+
+    @field_validator("merge_keys")
+    @classmethod
+    def _valid_keys(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for key in keys:
+            if not _COLUMN_RE.match(key):
+                raise ValueError(f"{key!r} is not a usable column name")
+        if len(set(keys)) != len(keys):
+            raise ValueError("lists a column more than once")
+        return keys
+
+    @field_validator("order_by")
+    @classmethod
+    def _valid_order_by(cls, column: str | None) -> str | None:
+        if column is not None and not _COLUMN_RE.match(column):
+            raise ValueError(f"{column!r} is not a usable column name")
+        return column
+
+    @model_validator(mode="after")
+    def _upsert_needs_keys(self) -> DeltaConfig:
+        if self.mode == "upsert" and not self.merge_keys:
+            raise ValueError("mode upsert needs merge_keys: the columns that identify a row")
+        if self.mode == "append" and (self.merge_keys or self.order_by):
+            raise ValueError("merge_keys and order_by only apply to mode: upsert")
+        return self
+
+    @model_validator(mode="after")
+    def _commits_safely(self) -> DeltaConfig:
+        """Refuse the delta-rs settings under which two commits of one version can both land:
+        exactly-once rests on a commit failing when its version exists (I6, the fence)."""
+        if not _is_s3(self.table):
+            return self
+        options = {k.lower(): v for k, v in self.storage_options.items()}
+        unsafe_rename = options.get(
+            "aws_s3_allow_unsafe_rename", os.environ.get("AWS_S3_ALLOW_UNSAFE_RENAME", "")
+        )
+        if str(unsafe_rename).strip().lower() in ("true", "1", "yes"):
+            raise ValueError(
+                f"AWS_S3_ALLOW_UNSAFE_RENAME lets two commits to {self.table} write the same "
+                "version, one silently replacing the other; remove it (delta-rs 1.6 commits "
+                "with S3's conditional put; set aws_conditional_put: etag for an "
+                "S3-compatible store that needs it)"
+            )
+        if str(options.get("aws_conditional_put", "")).strip().lower() == "disabled":
+            raise ValueError(
+                f"aws_conditional_put: disabled leaves commits to {self.table} without the "
+                "put-if-absent that makes a version land once; remove it (or use etag)"
+            )
+        if "aws_s3_locking_provider" in options:
+            raise ValueError(
+                "AWS_S3_LOCKING_PROVIDER: delta-rs 1.6 has no DynamoDB lock (removed in 1.6.1); "
+                "S3 commits use conditional put. Remove the setting, and make sure no Spark "
+                "job writes this table through S3DynamoDBLogStore (the two do not coordinate)"
+            )
+        return self
+
+
+# What a schema file's suffix says it holds, per format.
+SCHEMA_FILE_SUFFIXES: dict[str, tuple[str, ...]] = {
+    # A Spark DDL string ("id BIGINT NOT NULL, ...") or a JSON Schema document.
+    "json": (".ddl", ".sql", ".json"),
+    "avro": (".avsc",),
+    # A descriptor set: protoc --include_imports --descriptor_set_out=<file>.desc <file>.proto
+    "protobuf": (".desc", ".pb", ".protoset"),
+}
+
+
+class SchemaRegistryConfig(_Model):
+    """A Confluent-compatible Schema Registry (Confluent, Karapace, Redpanda, Apicurio's
+    ccompat API; the project's devtools registry for development). Credentials are never in
+    the config: it names the environment variables that hold them, read by each process that
+    talks to the registry."""
+
+    url: str = Field(min_length=1)
+    auth: Literal["none", "basic", "bearer"] = "none"
+    user_env: str | None = None
+    password_env: str | None = None
+    token_env: str | None = None
+    ca_location: str | None = None
+    cert_location: str | None = None
+    key_location: str | None = None
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # How long a run waits for a registry that is down (unreachable, 5xx) before it stops
+    # with exit code 4: its batch waits uncommitted, and tries again after 1, 2, 4 ... 60 s.
+    retry_seconds: float = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _credentials_named(self) -> SchemaRegistryConfig:
+        if self.auth == "basic" and not (self.user_env and self.password_env):
+            raise ValueError(
+                "auth basic needs user_env and password_env: the names of the environment "
+                "variables holding the user and the password"
+            )
+        if self.auth == "bearer" and not self.token_env:
+            raise ValueError("auth bearer needs token_env: the environment variable of the token")
+        return self
+
+
+class FormatConfig(_Model):
+    """How the Kafka value (or key) is decoded, in the read task, before the transform."""
+
+    # raw: the bytes as Spark's kafka source gives them (the transform parses them itself).
+    format: Literal["json", "avro", "protobuf", "raw"] = "raw"
+    # A schema file of the project; without one the schema comes from the registry.
+    schema_file: str | None = Field(default=None, min_length=1)
+    # protobuf: the message's full name in the descriptor set (package.Message).
+    message: str | None = Field(default=None, min_length=1)
+    # confluent: magic byte 0 + 4-byte schema id (+ message indexes for protobuf), or the id
+    # in a __value_schema_id / __key_schema_id header. none: plain bytes of schema_file.
+    # Default: confluent without a schema file, none with one.
+    framing: Literal["confluent", "none"] | None = None
+
+    @property
+    def effective_framing(self) -> str:
+        if self.framing is not None:
+            return self.framing
+        return "none" if self.schema_file else "confluent"
+
+    @model_validator(mode="after")
+    def _schema_source(self) -> FormatConfig:
+        if self.format == "raw":
+            if self.schema_file or self.message or self.framing:
+                raise ValueError("format raw takes no schema_file, message or framing")
+            return self
+        if self.schema_file is not None:
+            suffixes = SCHEMA_FILE_SUFFIXES[self.format]
+            if not self.schema_file.lower().endswith(suffixes):
+                raise ValueError(
+                    f"schema_file {self.schema_file!r} is not a {self.format} schema: "
+                    f"expected a file ending in {' or '.join(suffixes)}"
+                )
+        if self.format == "protobuf" and self.schema_file and not self.message:
+            raise ValueError(
+                "format protobuf with a schema_file needs message: the full name of the "
+                "message in the descriptor set"
+            )
+        if self.effective_framing == "none" and not self.schema_file:
+            raise ValueError(
+                f"format {self.format} with framing none needs schema_file: without the schema "
+                "id in the record, the schema must come from the project"
+            )
+        return self
+
+
+class DecodingConfig(_Model):
+    value: FormatConfig = FormatConfig()
+    # None: the key stays the raw bytes (column `key`).
+    key: FormatConfig | None = None
+    schema_registry: SchemaRegistryConfig | None = None
+
+    @model_validator(mode="after")
+    def _registry_when_framed(self) -> DecodingConfig:
+        if self.key is not None and self.key.format != "raw" and self.value.format == "raw":
+            raise ValueError(
+                "key: decoding the key needs the value decoded too (value.format json, avro "
+                "or protobuf); with a raw value the transform parses both"
+            )
+        for name, fmt in (("value", self.value), ("key", self.key)):
+            if fmt is not None and fmt.format != "raw" and fmt.effective_framing == "confluent":
+                if self.schema_registry is None:
+                    raise ValueError(
+                        f"{name}: framing confluent (the schema id in each record) needs "
+                        "schema_registry.url, or give schema_file with framing: none"
+                    )
+        return self
+
+
+SourceKind = Literal["embedded", "spark_kafka"]
+SinkKind = Literal["delta_rs", "delta_spark"]
+
+# Shorthands for `engine:`; any other mix is written out as {source: ..., sink: ...}.
+ENGINE_PRESETS: dict[str, dict[str, str]] = {
+    # confluent-kafka Python data source + delta-rs: needs no JVM connector jars.
+    "embedded": {"source": "embedded", "sink": "delta_rs"},
+    # Spark's built-in kafka source + delta-spark: Databricks, or spark-submit --packages.
+    "cluster": {"source": "spark_kafka", "sink": "delta_spark"},
+}
+
+
+class EngineConfig(_Model):
+    source: SourceKind = "embedded"
+    sink: SinkKind = "delta_rs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value not in ENGINE_PRESETS:
+                raise ValueError(
+                    f"{value!r} is not an engine; use one of {sorted(ENGINE_PRESETS)} or "
+                    "{source: embedded|spark_kafka, sink: delta_rs|delta_spark}"
+                )
+            return ENGINE_PRESETS[value]
+        return value
+
+    @property
+    def name(self) -> str:
+        """The preset name when the mix is one, else ``<source>+<sink>``."""
+        for name, preset in ENGINE_PRESETS.items():
+            if preset == {"source": self.source, "sink": self.sink}:
+                return name
+        return f"{self.source}+{self.sink}"
+
+
+class DeadLetterConfig(_Model):
+    # Records the transform marks with `_error` go to this second Delta table. Off: such a
+    # record stops the pipeline instead (nothing is dropped silently either way).
+    enabled: bool = True
+    table: str | None = None
+
+
+class TriggerConfig(_Model):
+    mode: Literal["available_now", "processing_time"] = "available_now"
+    interval_seconds: float = Field(default=10.0, gt=0)
+
+
+class CommitBackConfig(_Model):
+    enabled: bool = True
+    timeout_seconds: float = Field(default=10.0, gt=0)
+
+
+class MetricsConfig(_Model):
+    # none: no metrics (prometheus_client is not even imported). http: serve them at
+    # http://host:port/metrics for Prometheus to scrape. textfile: write them to `textfile`
+    # after every batch, for node_exporter's textfile collector.
+    exporter: Literal["none", "http", "textfile"] = "none"
+    # Loopback by default: exposing the endpoint beyond the machine is a deliberate choice.
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=9464, ge=1, le=65535)
+    textfile: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _textfile_for_textfile(self) -> MetricsConfig:
+        if self.exporter == "textfile":
+            if not self.textfile:
+                raise ValueError("exporter textfile needs textfile: the .prom file to write")
+            if not self.textfile.endswith(".prom"):
+                raise ValueError(
+                    f"textfile {self.textfile!r} must end in .prom (node_exporter's textfile "
+                    "collector reads only *.prom files)"
+                )
+        return self
+
+
+class ProgressConfig(_Model):
+    # One JSON line per micro-batch (records read, rows, dead letters, lag, duration...),
+    # appended across runs; `report` draws records/s and lag from it. null: no file.
+    path: str | None = Field(default=None, min_length=1)
+
+
+class SparkConfig(_Model):
+    master: str | None = "local[2]"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+def _is_s3(uri: str) -> bool:
+    return uri.split("://", 1)[0].lower() in ("s3", "s3a", "s3n") if "://" in uri else False
+
+
+# Spark confs that give delta-spark a LogStore safe for more than one driver on S3.
+MULTI_DRIVER_S3_LOG_STORE_CONFS = (
+    "spark.delta.logStore.s3.impl",
+    "spark.delta.logStore.s3a.impl",
+    "spark.delta.logStore.s3n.impl",
+    "spark.delta.logStore.class",
+)
+
+
+# module:function, as the config names the transform (kafka_delta.contract.load_transform).
+_TRANSFORM_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class PipelineConfig(_Model):
+    pipeline_id: str
+    # The project's transform, ``package.module:function`` (kafka_delta.contract); without one
+    # the records land as they arrive.
+    transform: str | None = None
+    engine: EngineConfig = EngineConfig()
+    kafka: KafkaConfig
+    delta: DeltaConfig
+    checkpoint: str = Field(min_length=1)
+    decoding: DecodingConfig = DecodingConfig()
+    dead_letters: DeadLetterConfig = DeadLetterConfig()
+    trigger: TriggerConfig = TriggerConfig()
+    commit_back: CommitBackConfig = CommitBackConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    progress: ProgressConfig = ProgressConfig()
+    spark: SparkConfig = SparkConfig()
+
+    @field_validator("pipeline_id")
+    @classmethod
+    def _valid_pipeline_id(cls, value: str) -> str:
+        if not _PIPELINE_ID_RE.match(value):
+            raise ValueError(
+                "must start with a letter or digit and hold only letters, digits, "
+                "'.', '_' or '-' (at most 128 characters)"
+            )
+        return value
+
+    @field_validator("transform")
+    @classmethod
+    def _names_a_function(cls, value: str | None) -> str | None:
+        if value is not None and not _TRANSFORM_RE.match(value):
+            raise ValueError(
+                f"{value!r} must name a function as module:function, e.g. "
+                "orders_stream.transform:transform"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _delta_spark_commits_safely(self) -> PipelineConfig:
+        """delta-spark on S3 outside Databricks commits through S3SingleDriverLogStore unless
+        told otherwise: two drivers (two runs by mistake, a retried job beside a live one) can
+        then both write one version, and the fence (I6) no longer holds."""
+        if self.engine.sink != "delta_spark" or not _is_s3(self.delta.table):
+            return self
+        if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+            return self  # Databricks commits to S3 through its own commit service
+        if any(key in self.spark.conf for key in MULTI_DRIVER_S3_LOG_STORE_CONFS):
+            return self
+        raise ValueError(
+            f"delta-spark would commit to {self.delta.table} through S3SingleDriverLogStore, "
+            "which lets two Spark drivers write the same version; set spark.conf "
+            "spark.delta.logStore.s3a.impl: io.delta.storage.S3DynamoDBLogStore (with the "
+            "delta-storage-s3-dynamodb jar), run on Databricks, or use the delta_rs sink"
+        )
+
+    @property
+    def dead_letter_table(self) -> str | None:
+        """Where dead letters go: the configured table, else ``<table>_dead_letters``."""
+        if not self.dead_letters.enabled:
+            return None
+        return self.dead_letters.table or f"{self.delta.table.rstrip('/')}_dead_letters"
+
+    def with_overrides(self, **overrides: Any) -> PipelineConfig:
+        """Return a copy with dotted-key overrides applied, validated like the file.
+
+        >>> cfg.with_overrides(**{"kafka.bootstrap_servers": "broker:9092"})  # doctest: +SKIP
+        """
+        data = self.model_dump()
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            node[leaf] = value
+        return _validate(data, source="overrides")
+
+
+def _client_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling)"
+        elif item["type"] == "missing":
+            message = "is required"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def _validate(data: object, source: str) -> PipelineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration in {source}: expected a mapping at the top level")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def _resolve(path: str, root: Path) -> str:
+    # URIs (s3://, abfss://, dbfs:/, file:/) pass through; relative paths hang off the project root.
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", path):
+        return path
+    candidate = Path(path).expanduser()
+    return str(candidate if candidate.is_absolute() else (root / candidate).resolve())
+
+
+def _interpolate(data: object, environ: Mapping[str, str], where: str = "") -> object:
+    """Replace ``${NAME}`` in string values with ``environ[NAME]``; a missing variable is an
+    error naming the key, never an empty string that would fail later at the broker."""
+    if isinstance(data, dict):
+        return {
+            k: _interpolate(v, environ, f"{where}.{k}" if where else str(k))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_interpolate(v, environ, f"{where}[{i}]") for i, v in enumerate(data)]
+    if not isinstance(data, str):
+        return data
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            reference = "$" + "{" + name + "}"
+            raise ConfigError(
+                f"{where or '(top level)'}: refers to {reference}, but the environment variable "
+                f"{name} is not set"
+            )
+        return environ[name]
+
+    return _ENV_REF_RE.sub(substitute, data)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Parse and validate a YAML config file; relative paths are resolved against the project
+    root (the parent of the ``conf/`` folder holding the file). ``${NAME}`` in a value is taken
+    from ``environ`` (the entry point passes ``os.environ``; by default nothing is set)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    try:
+        data = _interpolate(data, environ or {})
+    except ConfigError as exc:
+        raise ConfigError(f"invalid configuration in {path}:\n  {exc}") from None
+    cfg = _validate(data, source=str(path))
+    root = path.resolve().parent
+    if root.name == "conf":
+        root = root.parent
+    return cfg.with_overrides(
+        **{
+            "delta.table": _resolve(cfg.delta.table, root),
+            "checkpoint": _resolve(cfg.checkpoint, root),
+            "metrics.textfile": cfg.metrics.textfile and _resolve(cfg.metrics.textfile, root),
+            "progress.path": cfg.progress.path and _resolve(cfg.progress.path, root),
+            # None (the default, <table>_dead_letters) is left as it is by with_overrides.
+            "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
+            "decoding.value.schema_file": cfg.decoding.value.schema_file
+            and _resolve(cfg.decoding.value.schema_file, root),
+            "decoding.key.schema_file": cfg.decoding.key
+            and cfg.decoding.key.schema_file
+            and _resolve(cfg.decoding.key.schema_file, root),
+        }
+    )

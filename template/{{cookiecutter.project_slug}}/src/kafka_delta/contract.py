@@ -1,0 +1,104 @@
+"""What the engine and a project's transform agree on: the columns a batch arrives with, the
+column that marks a dead letter, and how the config names the transform.
+
+A transform is a pure ``DataFrame -> DataFrame``. It receives, per micro-batch:
+
+- with ``decoding.value.format: raw``, Spark's Kafka columns as they are (:data:`KAFKA_SCHEMA`:
+  key, value, topic, partition, offset, timestamp, timestampType, headers);
+- with a decoder (json, avro, protobuf), the value's own columns, then ``key``, the Kafka
+  columns but ``value``, :data:`DEAD_LETTER_COLUMN` (set by the decoder on a record it could
+  not decode) and the original bytes of such records (``_raw_key``, ``_raw_value``).
+
+It returns the rows for the table. A row whose :data:`DEAD_LETTER_COLUMN` is not null is not
+written to the table: the original Kafka record goes to the dead-letter table with that error,
+found again by its ``topic``, ``partition`` and ``offset`` (keep them on such rows).
+
+The config names the transform as ``module:function`` (``transform:`` in ``conf/*.yaml``), the
+way Dagster and kedro find a project's code: the engine never imports a project module by a
+fixed name. Without one, the records land as they arrive (:func:`passthrough`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+Transform = Callable[["DataFrame"], "DataFrame"]
+
+DEAD_LETTER_COLUMN = "_error"
+"""A row with this column set is a dead letter: its record goes to the dead-letter table."""
+
+RAW_KEY, RAW_VALUE = "_raw_key", "_raw_value"
+"""The original bytes of a record the decoder could not decode (kept on such rows only)."""
+
+KAFKA_ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+"""Spark's kafka source's columns (``includeHeaders``), which both sources deliver."""
+
+KAFKA_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int, headers array<struct<key: string, value: binary>>"
+)
+""":data:`KAFKA_ARROW_SCHEMA` as Spark DDL (a raw batch's schema)."""
+
+KAFKA_COLUMNS = tuple(KAFKA_ARROW_SCHEMA.names)
+
+# What a decoded batch carries besides the value's columns (the decoder's output, in order).
+RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestampType", "headers")
+
+
+class TransformNotFoundError(ValueError):
+    """The config's ``transform`` does not name a function that can be imported."""
+
+
+def load_transform(reference: str) -> Transform:
+    """The function ``reference`` (``package.module:function``) names.
+
+    >>> load_transform("kafka_delta.contract:passthrough") is passthrough
+    True
+    """
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise TransformNotFoundError(
+            f"transform {reference!r} must name a function as module:function, e.g. "
+            "orders_stream.transform:transform"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TransformNotFoundError(
+            f"transform {reference!r}: module {module_name!r} cannot be imported ({exc}); is the "
+            "project installed (pip install -e .) or its src/ on PYTHONPATH?"
+        ) from None
+    found = module
+    for name in attribute.split("."):
+        found = getattr(found, name, None)
+        if found is None:
+            raise TransformNotFoundError(
+                f"transform {reference!r}: module {module_name!r} has no {attribute!r}"
+            )
+    if not callable(found):
+        raise TransformNotFoundError(f"transform {reference!r} is not a function")
+    return found
+
+
+def passthrough(df: DataFrame) -> DataFrame:
+    """The transform of a config that names none: every record lands as it arrives (a decoded
+    batch's value columns and where each record came from; a raw batch's Kafka columns)."""
+    return df.drop(RAW_KEY, RAW_VALUE) if RAW_VALUE in df.columns else df

@@ -1,0 +1,10 @@
+"""Decoding Kafka values (and keys) into typed columns before the transform sees them: JSON
+against a schema file, Avro and Protobuf in Confluent's framing behind a Schema Registry.
+
+:mod:`.spec` is what the driver hands the read tasks; :mod:`.resolve` builds it (the reader
+schema, once per query); :mod:`.decoder` is the one decoder both engines run (the embedded
+source in its read task, the cluster engine through :mod:`.frames`), with the format decoders
+(:mod:`.json_decoder`, :mod:`.avro_decoder`, :mod:`.protobuf_decoder`) and what they share
+(:mod:`.columns`, :mod:`.arrow_types`, :mod:`.framing`, :mod:`.registry`); :mod:`.failures`
+reads its errors back out of Spark's exceptions.
+"""

@@ -1,0 +1,147 @@
+"""One decoder for both engines: Kafka records (Spark's kafka columns, as Arrow) in, typed columns
+out. The embedded source runs it in its read task; the cluster engine through ``mapInArrow``.
+
+Output, in order: the value's columns (the reader schema); ``key`` (its bytes, or decoded);
+``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``; ``_error``
+(null when the record decoded); ``_raw_key`` and ``_raw_value``, the original bytes, kept only
+on rows with an ``_error`` (they become dead letters with them).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kafka_delta.contract import (
+    DEAD_LETTER_COLUMN,
+    KAFKA_ARROW_SCHEMA,
+    RAW_KEY,
+    RAW_VALUE,
+    RECORD_COLUMNS,
+)
+from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, SchemaFileError
+
+_RESERVED = {"key", *RECORD_COLUMNS, DEAD_LETTER_COLUMN, RAW_KEY, RAW_VALUE}
+
+
+class PartDecoder(Protocol):
+    def decode(self, values: list[bytes | None], headers: list[Any]) -> tuple[pa.Table, list]:
+        """(the reader's columns, one row per value; the error of each value or None)."""
+        ...
+
+
+def _key_type(key: FieldSpec) -> pa.DataType:
+    """A record key as a struct column; a primitive one (a single field ``value``) as itself."""
+    if key.reader.names == ["value"]:
+        return key.reader.field("value").type
+    return pa.struct(list(key.reader))
+
+
+def output_schema(spec: DecodeSpec) -> pa.Schema:
+    clash = sorted(_RESERVED & set(spec.value.reader.names))
+    if clash:
+        raise SchemaFileError(
+            f"the value's field(s) {', '.join(clash)} have the names of the Kafka columns the "
+            "decoder adds; rename them in the producers' schema, or decode with format raw"
+        )
+    key = KAFKA_ARROW_SCHEMA.field("key").type if spec.key is None else _key_type(spec.key)
+    return pa.schema(
+        [
+            *spec.value.reader,
+            pa.field("key", key),
+            *(KAFKA_ARROW_SCHEMA.field(name) for name in RECORD_COLUMNS),
+            pa.field(DEAD_LETTER_COLUMN, pa.string()),
+            pa.field(RAW_KEY, pa.binary()),
+            pa.field(RAW_VALUE, pa.binary()),
+        ]
+    )
+
+
+def decoder_modules(spec: DecodeSpec) -> tuple[str, ...]:
+    """The modules a task imports to decode with ``spec`` (to warm its workers)."""
+    formats = {f.format for f in (spec.value, spec.key) if f is not None}
+    names = {"avro": "avro_decoder", "protobuf": "protobuf_decoder", "json": "json_decoder"}
+    package = __name__.rpartition(".")[0]
+    return (
+        __name__,
+        *(f"{package}.{names[f]}" for f in sorted(formats) if f in names),
+        *((f"{package}.registry",) if spec.registry is not None else ()),
+    )
+
+
+def _part_decoder(field: FieldSpec, spec: DecodeSpec, part: str) -> PartDecoder:
+    registry = None
+    if spec.registry is not None:
+        from kafka_delta.decoding.registry import registry_for
+
+        registry = registry_for(spec.registry)
+    if field.format == "avro":
+        from kafka_delta.decoding.avro_decoder import AvroDecoder
+
+        return AvroDecoder(field, registry, part)
+    if field.format == "protobuf":
+        from kafka_delta.decoding.protobuf_decoder import ProtobufDecoder
+
+        return ProtobufDecoder(field, registry, part)
+    if field.format == "json":
+        from kafka_delta.decoding.json_decoder import JsonDecoder
+
+        return JsonDecoder(field, part)
+    raise SchemaFileError(f"format {field.format} does not decode")
+
+
+class Decoder:
+    def __init__(self, spec: DecodeSpec) -> None:
+        self.spec = spec
+        self.output_schema = output_schema(spec)
+        self.value = _part_decoder(spec.value, spec, "value")
+        self.key = None if spec.key is None else _part_decoder(spec.key, spec, "key")
+
+    def decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        raw_value, raw_key = batch.column("value"), batch.column("key")
+        headers = (
+            batch.column("headers").to_pylist()
+            if batch.column("headers").null_count < n
+            else [None] * n
+        )
+        columns, errors = self.value.decode(raw_value.to_pylist(), headers)
+        key = raw_key
+        if self.key is not None:
+            keys, key_errors = self.key.decode(raw_key.to_pylist(), headers)
+            key = (
+                keys.column(0).combine_chunks()
+                if keys.column_names == ["value"]
+                else pa.StructArray.from_arrays(
+                    [c.combine_chunks() for c in keys.columns], fields=list(keys.schema)
+                )
+            )
+            errors = [
+                e or (f"key: {k}" if k else None) for e, k in zip(errors, key_errors, strict=True)
+            ]
+        error = pa.array(errors, pa.string())
+        failed = pc.is_valid(error)
+        none = pa.nulls(n, pa.binary())
+        any_failed = error.null_count < n
+        arrays = [
+            *(columns.column(name).combine_chunks() for name in self.spec.value.reader.names),
+            key,
+            *(batch.column(name) for name in RECORD_COLUMNS),
+            error,
+            pc.if_else(failed, raw_key, none) if any_failed else none,
+            pc.if_else(failed, raw_value, none) if any_failed else none,
+        ]
+        arrays = [
+            a.cast(f.type) if a.type != f.type else a
+            for a, f in zip(arrays, self.output_schema, strict=True)
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+
+
+@functools.lru_cache(maxsize=8)
+def decoder_for(spec_json: str) -> Decoder:
+    """The decoder of a spec, one per Python worker (its schema caches live as long)."""
+    return Decoder(DecodeSpec.from_json(spec_json))

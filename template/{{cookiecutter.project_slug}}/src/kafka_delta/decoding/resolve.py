@@ -1,0 +1,204 @@
+"""The driver's half of decoding: the config's ``decoding:`` section turned into the
+:class:`~.spec.DecodeSpec` the read tasks receive, with the reader schema resolved once.
+
+The reader schema (the columns the transform sees) comes from the project's schema file, or
+from the Schema Registry: the union of every version registered under the topics' subjects
+(``<topic>-value``, Confluent's TopicNameStrategy), in the order fields first appear, plus any
+writer schema the pipeline met in records since (another subject strategy). A union of all
+versions never loses a column the table has: a field a later version drops reads null.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from kafka_delta.config import DecodingConfig, FormatConfig, PipelineConfig
+from kafka_delta.decoding.arrow_types import (
+    avro_to_arrow,
+    json_schema_to_arrow,
+    protobuf_to_arrow,
+    union_schemas,
+)
+from kafka_delta.decoding.registry import registry_for
+from kafka_delta.decoding.spec import (
+    DecodeSpec,
+    FieldSpec,
+    RegistrySettings,
+    RegistryUnavailableError,
+    SchemaFileError,
+)
+
+
+def build_decode_spec(
+    spark: SparkSession, config: PipelineConfig, writer_schema_ids: Iterable[int] = ()
+) -> DecodeSpec | None:
+    """The pipeline's decode spec; None when the value stays raw bytes."""
+    return decode_spec(spark, config.decoding, config.kafka.topics, writer_schema_ids)
+
+
+def decode_spec(
+    spark: SparkSession,
+    decoding: DecodingConfig,
+    topics: Iterable[str],
+    writer_schema_ids: Iterable[int] = (),
+) -> DecodeSpec | None:
+    if decoding.value.format == "raw":
+        return None
+    registry = _registry_settings(decoding)
+    topics = tuple(topics)
+    ids = tuple(sorted(set(writer_schema_ids)))
+    value = _field_spec(spark, decoding.value, "value", topics, registry, ids)
+    key = (
+        _field_spec(spark, decoding.key, "key", topics, registry, ())
+        if decoding.key is not None and decoding.key.format != "raw"
+        else None
+    )
+    return DecodeSpec(value=value, key=key, registry=registry)
+
+
+def _registry_settings(decoding: DecodingConfig) -> RegistrySettings | None:
+    r = decoding.schema_registry
+    if r is None:
+        return None
+    return RegistrySettings(
+        url=r.url,
+        auth=r.auth,
+        user_env=r.user_env,
+        password_env=r.password_env,
+        token_env=r.token_env,
+        ca_location=r.ca_location,
+        cert_location=r.cert_location,
+        key_location=r.key_location,
+        timeout_s=r.timeout_seconds,
+    )
+
+
+def _field_spec(
+    spark: SparkSession,
+    fmt: FormatConfig,
+    part: str,
+    topics: tuple[str, ...],
+    registry: RegistrySettings | None,
+    writer_schema_ids: tuple[int, ...],
+) -> FieldSpec:
+    framing = fmt.effective_framing
+    if fmt.schema_file is not None:
+        reader, required, writer, message = _from_file(spark, fmt)
+    else:
+        assert registry is not None  # the config requires one without a schema file
+        reader, required = _from_registry(fmt, part, topics, registry, writer_schema_ids)
+        writer, message = None, fmt.message
+    return FieldSpec(
+        format=fmt.format,
+        framing=framing,  # type: ignore[arg-type]
+        reader=reader,
+        writer_schema=writer,
+        message=message,
+        required=required,
+    )
+
+
+def _read(path: str, binary: bool = False) -> str | bytes:
+    file = Path(path)
+    if not file.is_file():
+        what = "a folder" if file.is_dir() else "not there"
+        raise SchemaFileError(f"schema file {path} is {what}: decoding needs the schema file")
+    try:
+        return file.read_bytes() if binary else file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaFileError(f"cannot read schema file {path}: {exc}") from None
+
+
+def _from_file(
+    spark: SparkSession, fmt: FormatConfig
+) -> tuple[pa.Schema, tuple[str, ...], str | None, str | None]:
+    """(reader schema, required fields, writer schema for unframed records, message)."""
+    path = fmt.schema_file
+    assert path is not None
+    if fmt.format == "json":
+        text = str(_read(path))
+        if path.lower().endswith(".json"):
+            reader, required = json_schema_to_arrow(text)
+            return reader, tuple(required), None, None
+        reader, required = ddl_to_arrow(spark, text, path)
+        return reader, required, None, None
+    if fmt.format == "avro":
+        text = str(_read(path))
+        return _nullable(avro_to_arrow(text)), (), text, None
+    data = _read(path, binary=True)
+    assert isinstance(data, bytes) and fmt.message is not None
+    reader = protobuf_to_arrow(data, fmt.message)
+    return _nullable(reader), (), base64.b64encode(data).decode(), fmt.message
+
+
+def ddl_to_arrow(spark: SparkSession, text: str, path: str) -> tuple[pa.Schema, tuple[str, ...]]:
+    """A Spark DDL schema file ("id BIGINT NOT NULL, ...", ``--`` comment lines allowed) as
+    the reader schema (every column nullable) and its NOT NULL columns (required: a record
+    without one is a dead letter)."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    ddl = " ".join(
+        line for line in text.splitlines() if line.strip() and not line.strip().startswith("--")
+    )
+    _ = spark  # the DDL parser is Spark's, through the session's JVM
+    try:
+        parsed = _parse_datatype_string(ddl)
+    except (PySparkException, Exception) as exc:
+        raise SchemaFileError(f"schema file {path} is not a Spark DDL schema: {exc}") from None
+    if not isinstance(parsed, StructType):
+        raise SchemaFileError(f"schema file {path} holds {parsed.simpleString()}, not columns")
+    required = tuple(f.name for f in parsed.fields if not f.nullable)
+    arrow = to_arrow_schema(parsed, timezone="UTC")
+    return _nullable(arrow), required
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+def _from_registry(
+    fmt: FormatConfig,
+    part: str,
+    topics: tuple[str, ...],
+    settings: RegistrySettings,
+    writer_schema_ids: tuple[int, ...],
+) -> tuple[pa.Schema, tuple[str, ...]]:
+    registry = registry_for(settings)
+    found = []
+    for topic in topics:
+        found.extend(registry.subject_versions(f"{topic}-{part}"))
+    found.extend(registry.schema_by_id(i) for i in writer_schema_ids)
+    if not found:
+        # A pipeline deployed before its producers: nothing to read yet, and the first producer
+        # registers the schema. Waited for like an outage (schema_registry.retry_seconds), then
+        # one sentence; never a failure that repeats at once on every restart.
+        subjects = ", ".join(f"{t}-{part}" for t in topics)
+        raise RegistryUnavailableError(
+            f"the Schema Registry at {settings.url} has no schema under {subjects} yet: waiting "
+            f"for a producer with a registry serializer to register one (or give "
+            f"decoding.{part}.schema_file)"
+        )
+    schemas = [_arrow_of(fmt, s, part) for s in found]
+    return union_schemas(schemas), ()
+
+
+def _arrow_of(fmt: FormatConfig, schema: object, part: str) -> pa.Schema:
+    kind = getattr(schema, "schema_type", None) or "AVRO"
+    text = getattr(schema, "schema_str", schema)
+    expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON"}[fmt.format]
+    if kind.upper() != expected:
+        raise SchemaFileError(
+            f"decoding.{part}.format is {fmt.format}, but the registry holds a {kind} schema for it"
+        )
+    if fmt.format == "avro":
+        return avro_to_arrow(text)
+    if fmt.format == "json":
+        return json_schema_to_arrow(text)[0]
+    return protobuf_to_arrow(text, fmt.message)

@@ -1,0 +1,177 @@
+"""The engine interface: a source, a sink and an offset store, chosen in config. This module
+names the contract alone; :mod:`.engine_factory` builds the implementations.
+
+Two implementations sit behind it (docs/design.md section 5), and any mix of them works:
+
+============  =========================================  ========================================
+part          embedded (no JVM connector jars)            cluster (Databricks, or --packages)
+============  =========================================  ========================================
+source        ``embedded``: Python data source on         ``spark_kafka``: Spark's built-in
+              confluent-kafka (:mod:`.embedded.source`)   ``kafka`` format (:mod:`.cluster.source`)
+sink          ``delta_rs``: Parquet files written by      ``delta_spark``: delta-spark writer
+              the tasks, one delta-rs commit              options / MERGE session confs
+offset store  :mod:`.stored_offsets` on a delta-rs log      the same, on delta-spark's history
+============  =========================================  ========================================
+
+Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over every mix:
+
+- one Delta commit per batch holds the rows, a ``txn(app_id, batch_id)`` action and the end
+  offsets in ``userMetadata`` (:class:`.offsets.BatchCommit`);
+- a replayed batch (its txn version already recorded) writes nothing and reports success (I2);
+- a batch commits only where the pipeline's stored offsets end (:mod:`.fencing`, I6);
+- ``append`` adds every row; ``upsert`` MERGEs on the key columns, idempotently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets
+
+if TYPE_CHECKING:
+    from kafka_delta.decoding.spec import DecodeSpec
+
+log = logging.getLogger(__name__)
+
+
+class StagedRows(Protocol):
+    """A batch's rows a sink already wrote as data files of its table (invisible to readers),
+    waiting for the batch's commit."""
+
+    num_rows: int
+
+
+Rows = pa.Table | DataFrame | StagedRows
+"""A batch's rows: a Spark DataFrame (the delta-spark sink writes it from the executors), data
+files the delta-rs sink's tasks already wrote (:class:`StagedRows`), or Arrow on the driver (an
+upsert's MERGE source, the dead-letter records)."""
+
+
+@dataclass(frozen=True)
+class SinkResult:
+    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed)."""
+
+    written: bool
+    rows: int
+    delta_version: int | None
+
+
+@dataclass(frozen=True)
+class WriteMode:
+    """How a sink applies a batch: ``append``, or ``upsert`` MERGE on ``keys``."""
+
+    kind: str = "append"
+    keys: tuple[str, ...] = ()
+    order_by: str | None = None
+    # Columns the batch has and the table lacks are added (nullable) with the batch's commit,
+    # or before it where the engine cannot do both in one (``delta.schema_evolution``).
+    add_columns: bool = True
+
+    def merge_predicate(self, source: str = "s", target: str = "t") -> str:
+        """SQL join condition of the MERGE (Spark and delta-rs both read backtick quoting)."""
+        return " AND ".join(f"{target}.`{k}` = {source}.`{k}`" for k in self.keys)
+
+    def update_predicate(self, source: str = "s", target: str = "t") -> str | None:
+        """With ``order_by``, a stored row is only replaced by a version at least as new."""
+        if self.order_by is None:
+            return None
+        o = self.order_by
+        return f"{target}.`{o}` IS NULL OR {source}.`{o}` >= {target}.`{o}`"
+
+
+@dataclass
+class Materialized:
+    """The transform's output of one batch, computed once: the rows for the table (without
+    ``_error``), the dead letters' positions and errors (small, always Arrow) and a hook that
+    frees what materializing held (a cached DataFrame)."""
+
+    rows: Rows
+    dead: pa.Table | None
+    release: Callable[[], None] = lambda: None
+
+
+class Sink(Protocol):
+    table_uri: str
+
+    def materialize(self, out: DataFrame) -> Materialized:
+        """Compute ``out`` once, in the form this sink writes, and split off dead letters."""
+        ...
+
+    def check(
+        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+    ) -> bool:
+        """The fencing check alone, before anything is written (dead letters go to their table
+        only after it): True when the batch is already in the table (a replay), raises
+        :class:`FencingError` when it does not start where the table ends (``firsts``: how far
+        the first read of a partition the table stores nothing for may begin, see
+        :func:`.fencing.check_contiguous`)."""
+        ...
+
+    def commit_batch(
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None = None,
+        firsts: Offsets | None = None,
+    ) -> SinkResult:
+        """Commit ``rows`` as batch ``commit`` in one Delta commit; ``start`` (the batch's
+        start offsets) enables the fencing check, with ``firsts`` as in :meth:`check`; a replay
+        writes nothing. The checks run again here, atomically with the commit."""
+        ...
+
+    def worker_modules(self) -> tuple[str, ...]:
+        """Modules this sink's Spark tasks import in their Python workers (warmed before the
+        first batch, :mod:`.python_workers`); () when its tasks run no Python."""
+        ...
+
+
+class OffsetStore(Protocol):
+    def read(
+        self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
+    ) -> StoredOffsets | None:
+        """Offsets of this pipeline's newest commit in the table; when log cleanup removed it,
+        the offsets kept as txn actions for ``partitions()`` (a lazy Kafka metadata query);
+        None when the pipeline never committed to the table."""
+        ...
+
+
+class Source(Protocol):
+    # Where a partition new to the checkpoint (a topic added to the subscription, partitions
+    # added to a topic) starts: True, at the offset the table stores for it (else its
+    # earliest); False, always at its earliest (Spark's kafka source).
+    new_partitions_start_at_stored_offsets: bool
+
+    def stream(
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
+    ) -> DataFrame:
+        """The streaming DataFrame of Spark's kafka columns (key, value, topic, partition,
+        offset, timestamp, timestampType, headers), starting at ``stored`` when the checkpoint
+        is new; ``resuming``: the checkpoint already holds a plan (Spark ignores starting
+        offsets then). With ``decode``, the records decoded by it (:mod:`.decoding`): typed
+        value columns, the Kafka columns, ``_error`` and the original bytes of bad records."""
+        ...
+
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """Modules this source's Spark tasks import in their Python workers (warmed before
+        the first batch, :mod:`.python_workers`), ``decode``'s decoders included."""
+        ...
+
+
+@dataclass
+class Engine:
+    source: Source
+    sink: Sink
+    offset_store: OffsetStore
+    dead_letter_sink: Sink | None
+    # Offsets stored in the dead-letter table (same tag and rules as the main table's).
+    dead_letter_offsets: OffsetStore | None = None

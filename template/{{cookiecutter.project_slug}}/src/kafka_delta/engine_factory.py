@@ -1,0 +1,87 @@
+"""Builds the engine ``config.engine`` names: the one place that imports the implementations
+(:mod:`.embedded`, :mod:`.cluster`); :mod:`.engine` names the contract alone."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from kafka_delta.config import PipelineConfig
+from kafka_delta.engine import Engine, Source, WriteMode
+from kafka_delta.runtime.connectors import (
+    ConnectorMissingError,
+    missing_connectors,
+    required_connectors,
+)
+
+
+def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
+    """The source, sink, offset store and dead-letter sink ``config.engine`` names; fails
+    before any work when the session lacks the connector jars they need."""
+    missing = missing_connectors(
+        spark, required_connectors(config.engine.source, config.engine.sink)
+    )
+    if missing:
+        local = (
+            "KAFKA_DELTA_JARS=<folder of delta-spark jars> scripts/run_local.sh"
+            if config.engine.source == "embedded"
+            else "scripts/run_cluster_local.sh (spark-submit --packages, or --jars from the "
+            "folder KAFKA_DELTA_JARS names)"
+        )
+        raise ConnectorMissingError(
+            f"engine {config.engine.name!r} needs the {' and '.join(missing)} jars, which this "
+            f"Spark session does not have. On Databricks they are built in; locally run "
+            f"{local}, or use engine: embedded."
+        )
+    mode = WriteMode(
+        config.delta.mode,
+        config.delta.merge_keys,
+        config.delta.order_by,
+        add_columns=config.delta.schema_evolution == "add_columns",
+    )
+    dead_table = config.dead_letter_table
+    source: Source
+    if config.engine.source == "embedded":
+        from kafka_delta.sources.embedded import EmbeddedSource
+
+        source = EmbeddedSource(config.kafka)
+    else:
+        from kafka_delta.sources.spark_kafka import SparkKafkaSource
+
+        source = SparkKafkaSource(config.kafka)
+
+    options = config.delta.storage_options
+    if config.engine.sink == "delta_rs":
+        from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+        from kafka_delta.sinks.delta_rs.sink import DeltaRsSink
+
+        return Engine(
+            source=source,
+            sink=DeltaRsSink(config.delta.table, config.pipeline_id, options, mode=mode),
+            offset_store=DeltaRsOffsetStore(config.delta.table, config.pipeline_id, options),
+            dead_letter_sink=(
+                DeltaRsSink(dead_table, config.pipeline_id, options) if dead_table else None
+            ),
+            dead_letter_offsets=(
+                DeltaRsOffsetStore(dead_table, config.pipeline_id, options) if dead_table else None
+            ),
+        )
+    from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkOffsetStore
+    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
+
+    return Engine(
+        source=source,
+        sink=DeltaSparkSink(
+            spark, config.delta.table, config.pipeline_id, mode=mode, storage_options=options
+        ),
+        offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id, options),
+        dead_letter_sink=(
+            DeltaSparkSink(spark, dead_table, config.pipeline_id, storage_options=options)
+            if dead_table
+            else None
+        ),
+        dead_letter_offsets=(
+            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id, options)
+            if dead_table
+            else None
+        ),
+    )

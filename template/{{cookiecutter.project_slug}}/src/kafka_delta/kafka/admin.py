@@ -1,0 +1,178 @@
+"""Small, batched metadata queries against Kafka: partitions, watermarks, group offsets, lag."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaException,
+    TopicCollection,
+)
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from kafka_delta.kafka.clients import admin_settings
+from kafka_delta.offsets.model import Offsets
+
+
+class KafkaUnavailableError(RuntimeError):
+    """The brokers did not answer a metadata request in time."""
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    earliest: Offsets
+    latest: Offsets
+
+
+class KafkaAdmin:
+    """Thin wrapper over confluent-kafka's AdminClient with errors that name the servers."""
+
+    def __init__(self, client_config: Mapping[str, str], timeout_s: float = 30.0) -> None:
+        self._conf = dict(client_config)
+        self._timeout = timeout_s
+        # Consumer-only settings of kafka.client (isolation.level, fetch.*) would make the
+        # admin client, a producer handle, print a CONFWARN line on every run.
+        self._admin = AdminClient(admin_settings(self._conf))
+        self._isolation = (
+            IsolationLevel.READ_COMMITTED
+            if self._conf.get("isolation.level", "read_committed") == "read_committed"
+            else IsolationLevel.READ_UNCOMMITTED
+        )
+
+    def _serve_logs(self) -> None:
+        # An admin client's log lines wait in its queue until polled; served here, they go
+        # through the once-per-message logger instead of piling up.
+        self._admin.poll(0)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._conf["bootstrap.servers"]
+
+    def partitions(self, topics: Iterable[str]) -> dict[str, list[int]]:
+        """Partition ids of each topic; a missing topic is an error, never auto-created."""
+        topics = list(topics)
+        try:
+            metadata = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(
+                f"cannot reach Kafka at {self.bootstrap_servers} within {self._timeout:g} s "
+                f"({_reason(exc)})"
+            ) from None
+        finally:
+            self._serve_logs()
+        result: dict[str, list[int]] = {}
+        for topic in topics:
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise ValueError(
+                    f"topic {topic!r} does not exist on {self.bootstrap_servers} "
+                    "(create it first; the pipeline never auto-creates topics)"
+                )
+            result[topic] = sorted(meta.partitions)
+        return result
+
+    def _list_offsets(self, partitions: Mapping[str, list[int]], spec: OffsetSpec) -> Offsets:
+        request = {
+            KafkaTopicPartition(topic, p): spec
+            for topic, parts in partitions.items()
+            for p in parts
+        }
+        if not request:
+            return {}
+        result: Offsets = {topic: {} for topic in partitions}
+        try:
+            futures = self._admin.list_offsets(
+                request, isolation_level=self._isolation, request_timeout=self._timeout
+            )
+            for tp, future in futures.items():
+                result[tp.topic][tp.partition] = future.result().offset
+        except KafkaException as exc:
+            raise KafkaUnavailableError(
+                f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
+            ) from None
+        finally:
+            self._serve_logs()
+        return result
+
+    def watermarks(self, partitions: Mapping[str, list[int]]) -> Watermarks:
+        """Earliest available and latest (high watermark, or last stable offset under
+        read_committed) offsets of each partition."""
+        return Watermarks(
+            earliest=self._list_offsets(partitions, OffsetSpec.earliest()),
+            latest=self._list_offsets(partitions, OffsetSpec.latest()),
+        )
+
+    def latest(self, partitions: Mapping[str, list[int]]) -> Offsets:
+        return self._list_offsets(partitions, OffsetSpec.latest())
+
+    def for_timestamp(self, partitions: Mapping[str, list[int]], timestamp_ms: int) -> Offsets:
+        """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
+        -1 where no record is that recent."""
+        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """Kafka's topic id of each topic that exists (a topic deleted and created again under
+        the same name gets a new one); topics the broker cannot describe are left out."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout)
+        ids: dict[str, str] = {}
+        try:
+            for name, future in futures.items():
+                try:
+                    topic_id = future.result().topic_id
+                except KafkaException:
+                    continue  # absent topics are reported by the partition listing
+                if topic_id is not None and str(topic_id) != "AAAAAAAAAAAAAAAAAAAAAA":
+                    ids[name] = str(topic_id)
+        finally:
+            self._serve_logs()
+        return ids
+
+    def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
+        """The group's committed offsets for these partitions (absent when never committed)."""
+        request = [
+            KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
+        ]
+        futures = self._admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
+        )
+        result: Offsets = {}
+        try:
+            for tp in futures[group].result().topic_partitions:
+                if tp.offset >= 0:
+                    result.setdefault(tp.topic, {})[tp.partition] = tp.offset
+        except KafkaException as exc:
+            raise KafkaUnavailableError(
+                f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
+                f"{_reason(exc)}"
+            ) from None
+        finally:
+            self._serve_logs()
+        return result
+
+
+def _reason(exc: KafkaException) -> str:
+    """librdkafka's own sentence for a failure (``Failed to get metadata: Local: Broker
+    transport failure``), not the ``KafkaError{code=...}`` repr."""
+    error = exc.args[0] if exc.args else exc
+    text = error.str() if hasattr(error, "str") else str(error)
+    return str(text)
+
+
+def lag(latest: Offsets, position: Offsets) -> dict[str, dict[int, int]]:
+    """Per-partition records between a position (stored or committed) and the latest offset;
+    a partition with no position counts in full from offset 0."""
+    return {
+        topic: {p: max(0, hi - position.get(topic, {}).get(p, 0)) for p, hi in parts.items()}
+        for topic, parts in latest.items()
+    }
+
+
+def total_lag(latest: Offsets, position: Offsets) -> int:
+    return sum(v for parts in lag(latest, position).values() for v in parts.values())

@@ -1,0 +1,68 @@
+"""A topic deleted and created again under the same name is another topic (I5, I8).
+
+Kafka gives every topic an id; the pipeline records the ids of its topics in each commit
+(:attr:`.offsets.BatchCommit.topic_ids`). Stored offsets are positions in the topic they were
+read from: applied to a recreated topic that already holds that many records, they would
+silently skip its first records (Kafka's own data-loss check only sees offsets past the end).
+
+So, where the table's commit recorded an id and Kafka now reports another:
+
+- ``kafka.fail_on_data_loss: true`` (the default): the run stops before anything is read, in
+  one sentence that says how to read the new topic;
+- ``false``: the recreated topic's stored offsets are forgotten and it is read from its
+  earliest offset; the commit records the partitions it moves backwards as ``rewound``.
+
+Commits written before ids were recorded, offsets rebuilt from txn actions after log cleanup,
+and brokers that do not describe topic ids carry no id: nothing is compared then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from kafka_delta.offsets.model import StoredOffsets
+
+
+class TopicRecreatedError(RuntimeError):
+    """A topic's Kafka id is not the one the table's stored offsets were read from."""
+
+
+def recreated_topics(
+    stored: StoredOffsets | None, current: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """``{topic: (stored id, current id)}`` of the stored topics Kafka now knows by another id."""
+    if stored is None or not stored.topic_ids:
+        return {}
+    return {
+        topic: (old, current[topic])
+        for topic, old in stored.topic_ids.items()
+        if topic in current and current[topic] != old and topic in stored.offsets
+    }
+
+
+def forget_recreated(
+    stored: StoredOffsets,
+    recreated: Mapping[str, tuple[str, str]],
+    fail_on_data_loss: bool,
+    earliest: Mapping[str, Mapping[int, int]],
+) -> StoredOffsets:
+    """``stored`` with the ``recreated`` topics at their ``earliest`` offsets (read from their
+    first record), or :class:`TopicRecreatedError` when ``fail_on_data_loss`` forbids that."""
+    if not recreated:
+        return stored
+    names = ", ".join(f"{t} (id {old} then {new})" for t, (old, new) in sorted(recreated.items()))
+    if fail_on_data_loss:
+        raise TopicRecreatedError(
+            f"topic(s) {names} were deleted and created again since the table stored their "
+            "offsets: the stored offsets belong to the old topic, and the old topic's records "
+            "after them are gone. Nothing was read or written. To read the new topic from its "
+            "first record, set kafka.fail_on_data_loss: false (or reset its offsets with "
+            "`offsets reset --topic <topic> --to-earliest --allow-rewind --execute`) and start "
+            "again."
+        )
+    offsets = {
+        t: dict(earliest.get(t, {})) if t in recreated else parts
+        for t, parts in stored.offsets.items()
+    }
+    return replace(stored, offsets=offsets)

@@ -1,0 +1,716 @@
+"""Wires source -> transform -> exactly-once sink -> commit-back hook, one micro-batch at a time.
+
+One micro-batch (docs/design.md section 3):
+
+1. The source planned ``[start, end)`` per partition; Spark wrote ``end`` to the checkpoint's
+   offset log before running the batch. The batch's end offsets are read from there, never
+   derived from ``max(offset) + 1`` of the data (offsets have gaps).
+2. The user's transform runs.
+3. The sink makes ONE Delta commit: data + ``txn(app_id, batch_id)`` + end offsets.
+4. The commit-back hook copies the end offsets to the consumer group, asynchronously.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from kafka_delta.config import PipelineConfig
+from kafka_delta.contract import Transform, load_transform, passthrough
+from kafka_delta.decoding.failures import registry_down, schema_changed
+from kafka_delta.engine import Engine, Sink, SinkResult
+from kafka_delta.engine_factory import build_engine
+from kafka_delta.kafka.admin import KafkaAdmin, lag
+from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
+from kafka_delta.offsets.model import (
+    BatchCommit,
+    Offsets,
+    StoredOffsets,
+    app_id,
+    first_offset,
+    starting_offsets_option,
+    total_records,
+)
+from kafka_delta.offsets.topic_identity import (
+    TopicRecreatedError,
+    forget_recreated,
+    recreated_topics,
+)
+from kafka_delta.progress.batch import BatchProgress, ProgressListener
+from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
+from kafka_delta.recovery.lease import RunLease
+from kafka_delta.recovery.verdict import judge, set_aside
+from kafka_delta.runtime.faults import crash_point
+from kafka_delta.runtime.graceful_stop import StopGate
+from kafka_delta.runtime.python_workers import warm_up
+from kafka_delta.sinks.dead_letters import DeadLetterError, DeadLetterQueue
+from kafka_delta.sinks.upsert import latest_per_key
+
+log = logging.getLogger(__name__)
+
+
+def registry_backoff(total_s: float) -> list[float]:
+    """Waits before a query that failed on an unreachable Schema Registry starts again: 1, 2,
+    4 ... 60 s, as many as fit in ``total_s``; then the run stops with the registry's sentence.
+
+    >>> registry_backoff(10)
+    [1.0, 2.0, 4.0]
+    """
+    waits: list[float] = []
+    wait, spent = 1.0, 0.0
+    while spent + wait <= total_s:
+        waits.append(wait)
+        spent += wait
+        wait = min(60.0, wait * 2)
+    return waits
+
+
+__all__ = [
+    "CheckpointMismatchError",
+    "DeadLetterError",
+    "Pipeline",
+    "RunSummary",
+]
+
+
+def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
+    """The Kafka records the batch read, counted by DataFrame.observe on the batch's input
+    while the sink's own job ran (no extra Spark job); None if that count did not arrive
+    within wait_s (a transform that does not read its input).
+
+    Spark delivers the count through its listener bus, a moment after the job that computed it
+    returns: the count is waited for, briefly, rather than taken as missing.
+    """
+    future = getattr(getattr(observation, "_jo", None), "future", None)
+    try:
+        if future is not None:
+            # Observation.get would block for good on a plan that never ran.
+            deadline = time.monotonic() + wait_s
+            while not future().isCompleted():
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.002)
+        return int(observation.get["records"])
+    except Exception:  # progress reporting must never fail a committed batch
+        return None
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    replayed_batches: int = 0
+    rows_written: int = 0
+    dead_letters: int = 0
+    last_delta_version: int | None = None
+    end_offsets: Offsets = field(default_factory=dict)
+    commit_back: CommitBackStats | None = None
+    commit_back_ms: list[float] = field(default_factory=list)
+    batch_seconds: list[float] = field(default_factory=list)
+
+
+class Pipeline:
+    """A configured streaming query. ``run()`` blocks until caught up (availableNow) or until
+    :meth:`request_stop` (processing time); either way the commit-back hook is flushed."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: PipelineConfig,
+        transform: Transform | None = None,
+        *,
+        committer: OffsetCommitter | None = None,
+        listeners: Sequence[ProgressListener] = (),
+    ) -> None:
+        """``transform``: the project's (:mod:`.contract`); None takes the one the config names,
+        else :func:`~.contract.passthrough`. ``listeners`` receive each batch's
+        :class:`~.progress.batch.BatchProgress` (metrics, the progress file)."""
+        self.spark = spark
+        self.config = config
+        if transform is None:
+            transform = load_transform(config.transform) if config.transform else passthrough
+        self.transform = transform
+        self.engine: Engine = build_engine(spark, config)
+        self.dead_letters = DeadLetterQueue(
+            self.engine.dead_letter_sink,
+            self.engine.dead_letter_offsets,
+            config.delta.storage_options,
+        )
+        self.checkpoint = CheckpointLog(spark, config.checkpoint)
+        self.admin = KafkaAdmin(config.kafka.client_config())
+        self.committer: OffsetCommitter | None = committer
+        self.summary = RunSummary()
+        self.listeners = list(listeners)
+        # Tells this run's lines apart from other runs' in the progress file.
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self._run_records_read = 0
+        self._target: Offsets | None = None
+        # Offsets the table held when this run started: where batch 0 of a new checkpoint
+        # must begin ({} = nothing stored yet).
+        self._initial: Offsets = {}
+        # The offsets stored as of the last batch of this run (at first, the table's).
+        self._known: Offsets = {}
+        self._gate = StopGate()
+        self._query: StreamingQuery | None = None
+        # Where this run moved a checkpoint the table had left behind (None: kept).
+        self.set_aside_as: str | None = None
+        # Kafka's ids of the topics, as this run found them; the stored offsets of topics
+        # deleted and created again since (read from their start when allowed).
+        self._topic_ids: dict[str, str] = {}
+        self._recreated: set[str] = set()
+        # Writer schemas (registry ids) seen in records whose fields the decoder's reader
+        # schema lacked: the next query's reader schema includes them (schema evolution).
+        self._writer_schema_ids: set[int] = set()
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    @property
+    def query_name(self) -> str:
+        # One name per pipeline and checkpoint: Spark refuses two active queries of one name.
+        digest = hashlib.sha1(self.config.checkpoint.encode()).hexdigest()[:8]
+        return f"kafka-delta-{self.config.pipeline_id}-{digest}"
+
+    def _partitions(self) -> dict[str, list[int]]:
+        return self.admin.partitions(self.config.kafka.topics)
+
+    def resume_point(self) -> StoredOffsets | None:
+        """Stored offsets to start from when the checkpoint is new; judges the checkpoint
+        against the table first (:mod:`.recovery`): one the table moved past is set aside and
+        the run resumes from the table, one ahead of it without explanation stops."""
+        stored = self.engine.offset_store.read(self._partitions)
+        if stored is None and self.checkpoint.has_progress():
+            raise CheckpointMismatchError(
+                f"checkpoint {self.config.checkpoint} has committed batches, but table "
+                f"{self.config.delta.table} holds no offsets of pipeline "
+                f"{self.config.pipeline_id!r}: the table was deleted or replaced. Restore the "
+                "table, or delete the checkpoint to re-read from "
+                f"{self.config.kafka.starting_offsets} offsets."
+            )
+        self._topic_ids = self.admin.topic_ids(self.config.kafka.topics)
+        recreated = recreated_topics(stored, self._topic_ids)
+        if stored is not None and recreated:
+            # Raises unless kafka.fail_on_data_loss is off; then the new topics start over.
+            if self.config.kafka.fail_on_data_loss:
+                forget_recreated(stored, recreated, True, {})  # raises: one sentence
+            earliest = self.admin.watermarks(
+                {t: sorted(stored.offsets[t]) for t in recreated}
+            ).earliest
+            forgotten = forget_recreated(stored, recreated, False, earliest)
+            self._recreated = set(recreated)
+            log.warning(
+                "topic(s) %s were deleted and created again: read from their earliest offset "
+                "(kafka.fail_on_data_loss is off)",
+                ", ".join(sorted(recreated)),
+            )
+            if self.checkpoint.has_plan():
+                reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
+                self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
+            return forgotten
+        verdict = judge(self.checkpoint, stored, self.config.pipeline_id)
+        if verdict.action == "stop":
+            raise CheckpointMismatchError(verdict.reason)
+        if verdict.action == "set_aside":
+            self.set_aside_as = set_aside(self.spark, self.checkpoint, verdict.reason)
+        return stored
+
+    def _log_resume_point(self, stored: StoredOffsets | None) -> None:
+        """Say where this run starts: Spark resumes from its checkpoint once it planned a batch
+        there (the table's offsets are then only checked against every batch); a new checkpoint
+        starts from the offsets the table stores, or at ``starting_offsets`` without any."""
+        where = (
+            f"table {self.config.delta.table} stores offsets of pipeline "
+            f"{self.config.pipeline_id!r} at {stored.describe()}"
+            if stored is not None
+            else f"table {self.config.delta.table} holds no offsets of pipeline "
+            f"{self.config.pipeline_id!r}"
+        )
+        if self.checkpoint.has_plan():
+            log.info(
+                "resuming from checkpoint %s (Spark's offset log decides where); %s, checked "
+                "against every batch",
+                self.config.checkpoint,
+                where,
+            )
+        elif stored is not None:
+            log.info(
+                "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
+            )
+        else:
+            starting = self.config.kafka.starting_offsets
+            log.info(
+                "new checkpoint %s: starting at %s%s; %s",
+                self.config.checkpoint,
+                f"{starting} offsets"
+                if isinstance(starting, str)
+                else f"offsets {starting_offsets_option(starting)}",
+                self._skipped_at_first_start(),
+                where,
+            )
+
+    def _skipped_at_first_start(self) -> str:
+        """On the pipeline's first start at ``latest`` (or at offsets of its own), the records
+        Kafka still holds that the start skips, said in the start-up line: a start that skips
+        records is a choice, and never a silent one."""
+        starting = self.config.kafka.starting_offsets
+        if starting == "earliest":
+            return ""
+        try:
+            partitions = self._partitions()
+            marks = self.admin.watermarks(partitions)
+        except Exception as exc:  # the line is information: the run itself goes on
+            return f" (cannot count the records it skips: {exc})"
+        skipped = sum(
+            max(
+                0,
+                first_offset(
+                    t,
+                    p,
+                    stored={},
+                    starting=starting,
+                    earliest=marks.earliest[t][p],
+                    latest=marks.latest[t][p],
+                )
+                - marks.earliest[t][p],
+            )
+            for t, parts in partitions.items()
+            for p in parts
+        )
+        if not skipped:
+            return ""
+        return (
+            f", which skips the {skipped} record(s) Kafka holds before it in "
+            f"{', '.join(sorted(partitions))} (kafka.starting_offsets: earliest reads them)"
+        )
+
+    @property
+    def sink(self) -> Sink:
+        return self.engine.sink
+
+    @property
+    def dead_letter_sink(self) -> Sink | None:
+        return self.engine.dead_letter_sink
+
+    def start(self) -> StreamingQuery:
+        stored = self.resume_point()
+        self._initial = stored.offsets if stored is not None else {}
+        self._known = {t: dict(parts) for t, parts in self._initial.items()}
+        self._log_resume_point(stored)
+        if self.committer is None and self.config.commit_back.enabled:
+            self.committer = OffsetCommitter(
+                self.config.kafka.client_config(),
+                self.config.kafka.consumer_group,
+                timeout_s=self.config.commit_back.timeout_seconds,
+            )
+        if self.committer is not None and stored is not None:
+            # Align the group with the table at once: after a run whose commit-back failed,
+            # lag tools are right again before the first new batch.
+            self.committer.submit(
+                -1 if stored.batch_id is None else stored.batch_id, stored.offsets
+            )
+        decode = None
+        if self.config.decoding.value.format != "raw":
+            # Only then: a project on raw bytes never imports the decoders' libraries.
+            from kafka_delta.decoding.resolve import build_decode_spec
+
+            decode = build_decode_spec(self.spark, self.config, self._writer_schema_ids)
+        # Until the first batch's tasks run, the executors are idle (the driver registers the
+        # source, starts the query, plans the batch): start their Python workers meanwhile.
+        warm_up(
+            self.spark,
+            self.engine.source.worker_modules(decode) + self.engine.sink.worker_modules(),
+        )
+        stream = self.engine.source.stream(
+            self.spark, stored, resuming=self.checkpoint.has_plan(), decode=decode
+        )
+        writer = (
+            stream.writeStream.queryName(self.query_name)
+            .option("checkpointLocation", self.config.checkpoint)
+            .foreachBatch(self._gated_batch)
+        )
+        if self.config.trigger.mode == "available_now":
+            self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{self.config.trigger.interval_seconds} seconds"
+            )
+        self._query = writer.start()
+        return self._query
+
+    # -- the micro-batch --------------------------------------------------------------------
+
+    def _query_id(self, df: DataFrame) -> str:
+        """The checkpoint's query id: Spark's local property inside foreachBatch, else (Spark
+        Connect has no SparkContext) the id stored in the checkpoint's metadata file."""
+        try:
+            query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        except Exception:
+            query_id = None
+        return query_id or self.checkpoint.query_id() or ""
+
+    def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
+        """Where the batch really begins, as the checkpoint planned it: the previous batch's
+        planned end; for batch 0, the initial offsets the source persisted in the checkpoint
+        (Spark's kafka source), else the offsets the table held when this run started (the
+        embedded source plans batch 0 from exactly those).
+
+        A partition the previous plan does not name (a topic or partition new to the
+        checkpoint) starts where the source starts it: the embedded source at the offset the
+        table stores for it, Spark's kafka source at the earliest offset Kafka has.
+        """
+        if batch_id == 0:
+            start = self.checkpoint.initial_offsets() or self._initial
+        else:
+            start = self.checkpoint.end_offsets(batch_id - 1)
+        new = {
+            t: [p for p in parts if p not in start.get(t, {}) and p in self._initial.get(t, {})]
+            for t, parts in end.items()
+        }
+        new = {t: parts for t, parts in new.items() if parts}
+        if not new:
+            return start
+        if self.engine.source.new_partitions_start_at_stored_offsets:
+            firsts = {t: {p: self._initial[t][p] for p in parts} for t, parts in new.items()}
+        else:
+            firsts = self.admin.watermarks(new).earliest
+        merged = {t: dict(parts) for t, parts in start.items()}
+        for t, parts in firsts.items():
+            merged.setdefault(t, {}).update(parts)
+        return merged
+
+    def _first_positions(self, start: Offsets) -> Offsets:
+        """How far the batch may begin each partition of ``start`` that the table stored no
+        offset for as this run knows it (a first batch, a topic or partition new to the
+        pipeline): where the pipeline's rule of first reads puts it now
+        (:func:`.offsets.first_offset`). The fencing rule refuses a start past it: records Kafka
+        still holds would be skipped. Asks Kafka only for such partitions (batch 0 of a first
+        run, a partition added), never in a steady batch."""
+        new = {
+            t: sorted(p for p in parts if p not in self._known.get(t, {}))
+            for t, parts in start.items()
+        }
+        new = {t: parts for t, parts in new.items() if parts}
+        if not new:
+            return {}
+        marks = self.admin.watermarks(new)
+        return {
+            t: {
+                p: first_offset(
+                    t,
+                    p,
+                    stored=self._known,
+                    starting=self.config.kafka.starting_offsets,
+                    earliest=marks.earliest[t][p],
+                    latest=marks.latest[t][p],
+                )
+                for p in parts
+            }
+            for t, parts in new.items()
+        }
+
+    def _rewound(self, end: Offsets) -> tuple[tuple[str, int], ...]:
+        """Partitions the batch moves below the offsets the pipeline stored, allowed only where
+        Kafka no longer has the stored position (the topic was deleted and recreated, which the
+        source's data-loss guard already reported) and ``kafka.fail_on_data_loss`` is off.
+        Anywhere else a move backwards is a stale plan, and the sink refuses it."""
+        # A recreated topic starts over: its first batch neither starts nor ends where the old
+        # topic's offsets are stored.
+        recreated = [(t, p) for t, parts in end.items() if t in self._recreated for p in parts]
+        if self.config.kafka.fail_on_data_loss:
+            return tuple(sorted(recreated))
+        behind = {
+            t: [p for p, o in parts.items() if o < self._known.get(t, {}).get(p, o)]
+            for t, parts in end.items()
+        }
+        behind = {t: parts for t, parts in behind.items() if parts}
+        if not behind:
+            return tuple(sorted(recreated))
+        latest = self.admin.latest(behind)
+        lost = [
+            (t, p) for t, parts in behind.items() for p in parts if latest[t][p] < self._known[t][p]
+        ]
+        for t, p in lost:
+            log.warning(
+                "%s[%d] restarts at offset %d below the stored %d: Kafka's latest is %d (the "
+                "topic was recreated) and kafka.fail_on_data_loss is off",
+                t,
+                p,
+                end[t][p],
+                self._known[t][p],
+                latest[t][p],
+            )
+        rewound = tuple(sorted({*recreated, *lost}))
+        return rewound
+
+    def _current_topic_ids(self, end: Offsets) -> dict[str, str]:
+        """Kafka's ids of the batch's topics, recorded in its commit; a topic deleted and
+        created again while this run read it stops the batch before anything is written (the
+        next start handles it as :mod:`.topic_identity` says)."""
+        current = self.admin.topic_ids(end)
+        changed = sorted(
+            t for t, i in current.items() if t in self._topic_ids and self._topic_ids[t] != i
+        )
+        if changed:
+            raise TopicRecreatedError(
+                f"topic(s) {', '.join(changed)} were deleted and created again while this run "
+                "read them. Nothing of this batch was written; start the pipeline again (with "
+                "kafka.fail_on_data_loss: false it reads the new topic from its first record)."
+            )
+        self._topic_ids.update(current)
+        return {t: i for t, i in current.items() if t in end}
+
+    def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
+        """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
+        stopped if a stop was requested (see :mod:`.graceful_stop`)."""
+        self._gate.enter()
+        succeeded = False
+        try:
+            self._process_batch(df, batch_id)
+            succeeded = True
+        finally:
+            self._gate.leave(batch_id, succeeded=succeeded)
+
+    def _process_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        end = self.checkpoint.end_offsets(batch_id)
+        query_id = self._query_id(df)
+        if not query_id:
+            raise CheckpointMismatchError("cannot determine the streaming query id")
+        commit = BatchCommit(
+            pipeline_id=self.config.pipeline_id,
+            app_id=app_id(self.config.pipeline_id, query_id),
+            batch_id=batch_id,
+            end_offsets=end,
+            rewound=self._rewound(end),
+            topic_ids=self._current_topic_ids(end),
+        )
+        observation: Observation | None = Observation()
+        out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
+        if self.config.delta.mode == "upsert":
+            out = out.transform(
+                latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
+            )
+        start = self._batch_start(batch_id, end)
+        firsts = self._first_positions(start)
+        commit = commit.starting_at(start)  # recorded for `offsets verify`
+        dead_sent = 0
+        # Fencing first, on the table as it is now: a run that may not commit this batch, or a
+        # replay of a batch the table has, runs no task: it reads nothing from Kafka and writes
+        # no data file and no dead letter.
+        if self.sink.check(commit, start, firsts):
+            result = SinkResult(written=False, rows=0, delta_version=None)
+            observation = None
+        else:
+            batch = self.sink.materialize(out)
+            try:
+                if batch.dead is not None:
+                    dead_sent = self.dead_letters.send(df, batch.dead, commit)
+                    self.summary.dead_letters += dead_sent
+                crash_point("before_delta_commit")
+                result = self.sink.commit_batch(batch.rows, commit, start=start, firsts=firsts)
+            finally:
+                batch.release()
+        crash_point("after_delta_commit")
+
+        hook_started = time.perf_counter()
+        if self.committer is not None:
+            self.committer.submit(batch_id, end)
+        hook_ms = (time.perf_counter() - hook_started) * 1000
+        elapsed = time.perf_counter() - started
+
+        summary = self.summary
+        summary.batches += 1
+        summary.replayed_batches += 0 if result.written else 1
+        summary.rows_written += result.rows
+        if result.delta_version is not None:
+            summary.last_delta_version = result.delta_version
+        summary.end_offsets = end
+        if result.written:
+            self._recreated = set()  # the recreated topics' offsets are the new ones from now
+        for topic, parts in end.items():
+            self._known.setdefault(topic, {}).update(parts)
+        summary.commit_back_ms.append(hook_ms)
+        summary.batch_seconds.append(elapsed)
+        read = 0 if observation is None else records_read(observation)
+        progress = self._progress(batch_id, read, result, dead_sent, end, elapsed, hook_ms)
+        self._log_progress(progress)
+        for listener in self.listeners:
+            try:
+                listener.on_batch(progress)
+            except Exception as exc:  # monitoring must never fail a committed batch
+                log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
+
+    def _progress(
+        self,
+        batch_id: int,
+        records_read: int | None,
+        result: SinkResult,
+        dead_letters: int,
+        end: Offsets,
+        elapsed: float,
+        hook_ms: float,
+    ) -> BatchProgress:
+        """The batch's figures, built once: logged, then handed to the listeners."""
+        behind: Offsets | None = None
+        lag_error: str | None = None
+        try:
+            behind = lag(self.admin.latest({t: sorted(parts) for t, parts in end.items()}), end)
+        except Exception as exc:  # progress reporting must never fail a committed batch
+            lag_error = str(exc)
+        stats = self.committer.stats() if self.committer is not None else None
+        self._run_records_read += records_read or 0
+        return BatchProgress(
+            pipeline_id=self.config.pipeline_id,
+            run_id=self.run_id,
+            batch_id=batch_id,
+            finished_at=time.time(),
+            duration_s=elapsed,
+            records_read=records_read,
+            rows_written=result.rows,
+            dead_letters=dead_letters,
+            replayed=not result.written,
+            delta_version=result.delta_version,
+            end_offsets=end,
+            lag=behind,
+            lag_error=lag_error,
+            to_target=None if self._target is None else total_records(end, self._target),
+            run_records_read=self._run_records_read,
+            commit_back_ok=stats.succeeded if stats else None,
+            commit_back_failed=stats.failed if stats else None,
+            hook_ms=hook_ms,
+        )
+
+    def _log_progress(self, p: BatchProgress) -> None:
+        behind = p.behind_latest if p.lag is not None else f"unknown ({p.lag_error})"
+        read = "unknown" if p.records_read is None else p.records_read
+        # Run until caught up: how far along this run is, as it goes.
+        target = (
+            f" to_target={p.to_target} done={100 * p.target_done:.0f}%"
+            if p.to_target is not None and p.target_done is not None
+            else ""
+        )
+        back = (
+            f"commit_back_ok={'off' if p.commit_back_ok is None else p.commit_back_ok} "
+            f"commit_back_failed={'off' if p.commit_back_failed is None else p.commit_back_failed}"
+        )
+        if p.replayed:
+            # I2: the batch is already in the table (a restart after the Delta commit and
+            # before Spark's); its dead letters were committed before it, or not needed.
+            log.info(
+                "replayed batch %d: nothing written (already in the table) records_read=%s "
+                "behind_latest=%s%s %s",
+                p.batch_id,
+                read,
+                behind,
+                target,
+                back,
+            )
+            return
+        log.info(
+            "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f",
+            p.batch_id,
+            read,
+            p.rows_written,
+            p.dead_letters,
+            p.records_per_s,
+            p.delta_version,
+            behind,
+            target,
+            back,
+            p.hook_ms,
+        )
+
+    # -- running ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after the current micro-batch (safe from a signal handler)."""
+        self._gate.request()
+
+    def run(self) -> RunSummary:
+        # The run lease tells `offsets reset` (another process) that this pipeline is running.
+        with RunLease.hold(self.config, lambda: self._query.id if self._query else None):
+            return self._run()
+
+    def _run_query(self, query: StreamingQuery) -> None:
+        while query.isActive:
+            if self._gate.requested and self._gate.stop_when_safe(query):
+                break
+            # Once stopping, look often: the gap between Spark recording a batch and
+            # planning the next one is where the stop belongs.
+            query.awaitTermination(0.005 if self._gate.requested else 0.5)
+        try:
+            query.awaitTermination()  # re-raises the query's failure, if any
+        except Exception as exc:
+            if not self._gate.stopped_by_gate(exc):
+                raise
+            log.info("a batch planned while stopping was left for the next run")
+
+    def _restart_after(self, exc: Exception, registry_waits: Iterator[float]) -> bool:
+        """Whether the query that failed with ``exc`` starts again in this run. The batch it
+        failed in committed nothing (decoding runs before the commit), so Spark plans it again
+        from the checkpoint's offset log, and it lands exactly once:
+
+        - the producers' schema gained fields (delta.schema_evolution: add_columns): the
+          query restarts with a reader schema that holds them; the sink adds the columns;
+        - the Schema Registry is unreachable: the query restarts after a wait that grows,
+          until the waits are used up (then the run stops with the registry's sentence).
+        """
+        if self._gate.requested:
+            return False
+        changed = schema_changed(exc)
+        if changed is not None and self.config.delta.schema_evolution == "add_columns":
+            fields, schema_id = changed
+            if schema_id is not None and schema_id in self._writer_schema_ids:
+                return False  # the wider schema did not take: never loop
+            if schema_id is not None:
+                self._writer_schema_ids.add(schema_id)
+            log.warning(
+                "the producers' schema gained field(s) %s%s: the batch was not committed; "
+                "restarting the query with them (delta.schema_evolution: add_columns)",
+                ", ".join(fields),
+                "" if schema_id is None else f" (schema id {schema_id})",
+            )
+            return True
+        down = registry_down(exc)
+        if down is not None:
+            wait = next(registry_waits, None)
+            if wait is None:
+                return False
+            log.warning("%s: the batch was not committed; retrying in %.0f s", down, wait)
+            return not self._gate.wait(wait)  # a stop requested while waiting ends the run
+        return False
+
+    def _run(self) -> RunSummary:
+        if self._gate.requested:
+            log.info("stop requested before the query started: nothing to do")
+            return self.summary
+        registry = self.config.decoding.schema_registry
+        backoff = registry_backoff(registry.retry_seconds if registry else 0)
+        registry_waits, committed = iter(backoff), 0
+        try:
+            while True:
+                try:
+                    self._run_query(self.start())
+                    return self.summary
+                except Exception as exc:
+                    if self.summary.batches > committed:
+                        # Batches went through since the last outage: a new one gets every wait.
+                        registry_waits, committed = iter(backoff), self.summary.batches
+                    if not self._restart_after(exc, registry_waits):
+                        raise
+        finally:
+            if self.committer is not None:
+                self.summary.commit_back = self.committer.close()
+            for listener in self.listeners:
+                try:
+                    listener.on_run_end(self.summary.commit_back)
+                except Exception as exc:
+                    log.warning("progress listener %s failed: %s", type(listener).__name__, exc)

@@ -1,0 +1,172 @@
+"""Every restart recovers (I9): the checkpoint is judged against the table before the query starts.
+
+Spark resumes a checkpoint from its own offset log, whatever the table says. The table is the
+truth (its commit holds the rows and the offsets atomically), so before the query starts, the
+position the checkpoint would resume from is compared with the table's stored offsets:
+
+- **equal** (or the checkpoint's pending batch is the table's newest commit, a replay): resume;
+- **behind the table**: another run of the pipeline (a retried job, a second checkpoint, the
+  winner of a race) moved the table on, or an operator reset it forward. Resuming would re-plan
+  ranges the table holds and be fenced on every restart. The checkpoint is **set aside**
+  (renamed, kept, named in the log) and the run resumes from the table: nothing is lost, since
+  everything below the table's offsets is in it;
+- **ahead of the table, after an operator's explicit move** (a Delta RESTORE, an ``offsets
+  reset`` with rewind, made after the checkpoint planned its newest batch): set aside as well;
+  the run reads the records again from the offsets the operator chose;
+- **ahead of the table without one**: the table lost commits the checkpoint saw (a table
+  replaced or rolled back outside Delta's RESTORE). Nothing explains which records to re-read,
+  so the run stops with one sentence.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from kafka_delta.offsets.model import Offsets, StoredOffsets, app_id
+from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError, local_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with the checkpoint: ``resume``, ``set_aside`` or ``stop``, and why."""
+
+    action: str
+    reason: str = ""
+
+
+def _resume_position(checkpoint: CheckpointLog) -> tuple[int, bool, Offsets | None]:
+    """(newest planned batch, whether Spark committed it, where the checkpoint resumes: that
+    batch's end when committed, else its start; None when the start is not recorded)."""
+    planned = checkpoint.newest_planned()
+    assert planned is not None
+    if checkpoint.is_committed(planned):
+        return planned, True, checkpoint.end_offsets(planned)
+    if planned > 0:
+        return planned, False, checkpoint.end_offsets(planned - 1)
+    return planned, False, checkpoint.initial_offsets()
+
+
+def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: str) -> Verdict:
+    """The verdict on a checkpoint that planned at least one batch, against ``stored``."""
+    if stored is None or not checkpoint.has_plan():
+        return Verdict("resume")
+    planned, committed, position = _resume_position(checkpoint)
+    query_id = checkpoint.query_id()
+    if (
+        not committed
+        and query_id is not None
+        and stored.app_id == app_id(pipeline_id, query_id)
+        and stored.batch_id is not None
+        and stored.batch_id >= planned
+    ):
+        return Verdict("resume")  # the pending batch is in the table: Spark replays it
+    moved = _operator_move_after(checkpoint, stored)
+    if position is None:
+        if committed or not any(stored.offsets.values()):
+            return Verdict("resume")
+        # Batch 0 was planned, never committed, and its start is not recorded (the embedded
+        # source plans it from the table): a checkpoint without one committed batch holds
+        # nothing the table needs, and resuming it could only be fenced if the table moved.
+        return Verdict(
+            "set_aside",
+            f"its first batch was planned but never committed, and the table stores "
+            f"{stored.describe()} (a retried job)",
+        )
+    shared = [
+        (t, p, position[t][p], o)
+        for t, parts in stored.offsets.items()
+        for p, o in parts.items()
+        if p in position.get(t, {})
+    ]
+    behind = [(t, p, c, o) for t, p, c, o in shared if c < o]
+    ahead = [(t, p, c, o) for t, p, c, o in shared if c > o]
+    # After an operator's move, partitions the table no longer stores (a RESTORE to before the
+    # pipeline's first commit) are ahead of it too: the checkpoint read them.
+    dropped = [
+        (t, p, c, None)
+        for t, parts in position.items()
+        for p, c in parts.items()
+        if moved is not None and p not in stored.offsets.get(t, {})
+    ]
+    ahead += dropped
+    if not behind and not ahead:
+        return Verdict("resume")
+    detail = "; ".join(
+        f"{t}[{p}] checkpoint {c}, table {'-' if o is None else o}"
+        for t, p, c, o in (ahead + behind)[:4]
+    ) + ("; ..." if len(ahead) + len(behind) > 4 else "")
+    if moved is not None:
+        reason = f"{moved} after this checkpoint planned its last batch ({detail})"
+        return Verdict("set_aside", reason)
+    if not ahead:
+        return Verdict(
+            "set_aside",
+            f"another run of the pipeline moved the table on to {stored.describe()} ({detail})",
+        )
+    return Verdict(
+        "stop",
+        f"checkpoint {checkpoint.location} is ahead of table's stored offsets ({detail}; stored "
+        f"at {stored.describe()}), and no RESTORE or offsets reset explains it: the table lost "
+        "commits the checkpoint saw. Nothing was read or written. Restore the table with Delta's "
+        "RESTORE or set its offsets with `offsets reset`, then start again.",
+    )
+
+
+def _operator_move_after(checkpoint: CheckpointLog, stored: StoredOffsets) -> str | None:
+    """How an operator moved the table's offsets after the checkpoint planned its newest
+    batch (a reset, a RESTORE), or None."""
+    planned_ms = checkpoint.newest_plan_ms()
+    if planned_ms is None:
+        return None
+    if stored.reset is not None:
+        at = stored.reset.get("at_ms")
+        if isinstance(at, int) and at > planned_ms:
+            return f"the table's offsets were reset ({stored.describe()})"
+    if stored.restore is not None and stored.restore.get("at_ms", 0) > planned_ms:
+        return (
+            f"Delta version {stored.restore['version']} restored the table to version "
+            f"{stored.restore['to']}"
+        )
+    return None
+
+
+def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str) -> str:
+    """Rename the checkpoint to ``<location>.set-aside-<UTC time>`` (kept, never deleted) and
+    return the new location; the run then starts a new checkpoint at the table's offsets."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target = f"{checkpoint.location}.set-aside-{stamp}"
+    local = local_path(checkpoint.location)
+    try:
+        if local is not None:
+            local.rename(local_path(target))  # type: ignore[arg-type]
+        else:
+            _rename_with_hadoop(spark, checkpoint.location, target)
+    except Exception as exc:
+        raise CheckpointMismatchError(
+            f"checkpoint {checkpoint.location} must be set aside ({reason}), but renaming it "
+            f"failed ({exc}). Nothing was read or written. Move it aside by hand (to {target}) "
+            "and start again: the run resumes from the table."
+        ) from None
+    log.warning(
+        "checkpoint %s set aside as %s: %s; this run resumes from the table",
+        checkpoint.location,
+        target,
+        reason,
+    )
+    return target
+
+
+def _rename_with_hadoop(spark: SparkSession | None, source: str, target: str) -> None:
+    if spark is None:
+        raise RuntimeError("no Spark session to reach the checkpoint's file system")
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]  (no JVM under Spark Connect)
+    path = jvm.org.apache.hadoop.fs.Path(source)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.rename(path, jvm.org.apache.hadoop.fs.Path(target)):
+        raise OSError(f"the file system refused to rename {source}")

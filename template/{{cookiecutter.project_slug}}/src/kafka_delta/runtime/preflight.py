@@ -1,0 +1,95 @@
+"""Checks the entry point runs before Spark starts, each failing with one sentence.
+
+Without them the same mistakes surface late and unreadably: a bootstrap address nobody listens
+on gave ~1,300 librdkafka lines over 44 s before the real message, and a table path that is a
+plain file gave delta-rs's "Path does not exist".
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from kafka_delta.config import PipelineConfig
+from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError
+from kafka_delta.recovery.checkpoint import local_path
+
+# Long enough for a broker across a slow network to answer a metadata request, short enough
+# that an unreachable one is reported within 15 s of the start.
+KAFKA_TIMEOUT_S = 10.0
+# Per bootstrap address, for the plain TCP connection tried first.
+CONNECT_TIMEOUT_S = 3.0
+
+
+class PreflightError(RuntimeError):
+    """The pipeline cannot start; the message says why in one sentence."""
+
+
+def check(config: PipelineConfig, kafka_timeout_s: float = KAFKA_TIMEOUT_S) -> None:
+    """Every check: the table, dead-letter table and checkpoint paths, then Kafka."""
+    check_paths(config)
+    check_kafka(config, kafka_timeout_s)
+
+
+def check_paths(config: PipelineConfig) -> None:
+    """A local table, dead-letter table or checkpoint path must be a folder or creatable as one
+    (remote URIs are left to their storage)."""
+    paths = [("delta.table", config.delta.table)]
+    if config.dead_letter_table is not None:
+        paths.append(("dead_letters.table", config.dead_letter_table))
+    paths.append(("checkpoint", config.checkpoint))
+    for key, location in paths:
+        path = local_path(location)
+        if path is not None:
+            _check_folder(key, location, path)
+
+
+def _check_folder(key: str, location: str, path: Path) -> None:
+    what = "a Delta table" if key != "checkpoint" else "a Spark checkpoint"
+    if path.exists() and not path.is_dir():
+        raise PreflightError(
+            f"{key} {location} is a file, not a folder: {what} is a folder; point {key} at a "
+            "folder (it is created if missing)"
+        )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise PreflightError(
+                    f"{key} {location} cannot be created: {parent} is a file, not a folder"
+                )
+            return
+
+
+def check_kafka(config: PipelineConfig, timeout_s: float = KAFKA_TIMEOUT_S) -> None:
+    """Some bootstrap address accepts a TCP connection, the brokers answer a metadata request
+    within ``timeout_s``, and every topic exists."""
+    servers = config.kafka.bootstrap_servers
+    failures = [f for f in (_connect(a) for a in servers.split(",") if a.strip()) if f]
+    if failures and len(failures) == len([a for a in servers.split(",") if a.strip()]):
+        # librdkafka would only say "Broker transport failure" after its timeout; the
+        # operating system says why at once.
+        raise PreflightError(
+            f"cannot reach Kafka at {servers} ({'; '.join(failures)}): check "
+            "kafka.bootstrap_servers (or --bootstrap-servers) and that the brokers are up"
+        )
+    admin = KafkaAdmin(config.kafka.client_config(), timeout_s=timeout_s)
+    try:
+        admin.partitions(config.kafka.topics)
+    except KafkaUnavailableError as exc:
+        raise PreflightError(
+            f"{exc}: check kafka.bootstrap_servers (or --bootstrap-servers) and that the "
+            "brokers are up"
+        ) from None
+    except ValueError as exc:  # a topic that does not exist
+        raise PreflightError(str(exc)) from None
+
+
+def _connect(address: str) -> str | None:
+    """Why a TCP connection to ``host:port`` fails, or None when it succeeds."""
+    host, _, port = address.strip().rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return f"{address.strip()}: {reason or type(exc).__name__}"
+    return None

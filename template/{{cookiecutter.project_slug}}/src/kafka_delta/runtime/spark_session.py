@@ -1,0 +1,41 @@
+"""The Spark session a run (or a command that needs Spark) starts, as the config says."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kafka_delta.config import PipelineConfig
+from kafka_delta.runtime.python_launcher import use_for_spark
+
+log = logging.getLogger(__name__)
+
+
+def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
+    """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
+    logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
+    ``scripts/run_local.sh`` does for spark-submit."""
+    # Spark's Python workers must run this interpreter, where the package is importable, and
+    # import the installed, compiled pyspark rather than Spark's source zip (python_launcher).
+    use_for_spark()
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"kafka-delta-{config.pipeline_id}")
+    # Under spark-submit (or on Databricks) the master is already chosen; only a plain
+    # `python -m` run takes the one from the config file.
+    if config.spark.master and not SparkConf().contains("spark.master"):
+        builder = builder.master(config.spark.master)
+        if log4j_config is not None and log4j_config.is_file():
+            builder = builder.config(
+                "spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}",
+            )
+    for key, value in config.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        spark.sparkContext.setLogLevel("WARN")
+    except Exception:  # Spark Connect (Databricks shared/serverless compute) has no SparkContext
+        log.debug("no SparkContext: leaving Spark's log level as configured")
+    return spark

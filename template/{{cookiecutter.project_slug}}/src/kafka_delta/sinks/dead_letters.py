@@ -1,0 +1,248 @@
+"""Dead letters, in one room: records the transform (or decoding) cannot process.
+
+A record is a dead letter when the transform sets ``_error`` on its row. Dead letters go to their
+own Delta table with their Kafka position, original key and value and the error, committed
+**before** the batch's main commit, so a crash between the two loses none (I7).
+
+What was sent is tracked **by position**, not by the highest stored offset: a dead letter is
+sent unless the dead-letter table already holds a row at its ``(topic, partition, offset)``.
+That is what makes every path idempotent without losing anything:
+
+- a batch retried by the same checkpoint finds its txn ``(app_id, batch_id)`` and writes nothing;
+- a batch re-read by another or a new checkpoint finds its dead letters' positions already there;
+- a range first read after a rewind (``offsets reset --allow-rewind``, a backfill after
+  ``starting_offsets: latest``, a replay after a fix whose transform now rejects records the old
+  one accepted) sends the dead letters the table does not hold yet, even below offsets the
+  dead-letter table already went past.
+
+The dead-letter table's commits carry the pipeline's record too (tag, txn, seq), but its stored
+offsets only ever move forward (per partition, the furthest batch end that sent dead letters):
+the main table's fencing rule (:mod:`.fencing`) is not theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.offsets.model import BatchCommit, Offsets, partitions_of
+from kafka_delta.offsets.stored import OffsetsExpiredError
+from kafka_delta.runtime.faults import crash_point
+
+if TYPE_CHECKING:
+    from kafka_delta.engine import Materialized, OffsetStore, Sink
+
+log = logging.getLogger(__name__)
+
+# The columns of a dead-letter row: the original Kafka record and the error.
+DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
+POSITION = ["topic", "partition", "offset"]
+
+
+class DeadLetterError(RuntimeError):
+    """A record cannot be processed and dead letters are disabled."""
+
+
+def require_dead_letter_positions(columns: list[str]) -> None:
+    missing = set(POSITION) - set(columns)
+    if missing:
+        raise DeadLetterError(
+            f"the transform marked rows with {DEAD_LETTER_COLUMN} but dropped {sorted(missing)}; "
+            "dead letters need the Kafka position to find the original record"
+        )
+
+
+def split_dead_letters(data: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """(rows for the table without the ``_error`` column, rows marked as dead letters)."""
+    if DEAD_LETTER_COLUMN not in data.column_names:
+        return data, None
+    marked = pc.is_valid(data.column(DEAD_LETTER_COLUMN))
+    good = data.filter(pc.invert(marked)).drop_columns([DEAD_LETTER_COLUMN])
+    if not pc.any(marked).as_py():
+        return good, None
+    require_dead_letter_positions(data.column_names)
+    dead = data.filter(marked).select([*POSITION, DEAD_LETTER_COLUMN])
+    return good, dead
+
+
+def split_dead_letters_df(out: DataFrame) -> Materialized:
+    """:func:`split_dead_letters` for a sink that writes DataFrames: ``out`` is cached so the
+    dead-letter check, the row count and the write compute the transform (and read Kafka)
+    once; only the dead letters' positions and errors come to the driver."""
+    from kafka_delta.engine import Materialized
+
+    cached = out.persist()
+    if DEAD_LETTER_COLUMN not in out.columns:
+        return Materialized(cached, None, release=cached.unpersist)
+    marked = F.col(DEAD_LETTER_COLUMN).isNotNull()
+    dead_rows = cached.filter(marked)
+    dead: pa.Table | None = None
+    if set(POSITION) <= set(out.columns):
+        # One job computes (and caches) every partition and brings back only the dead letters'
+        # positions; an isEmpty() first would scan the partitions in several growing jobs.
+        found = dead_rows.select(*POSITION, DEAD_LETTER_COLUMN).toArrow()
+        dead = found if found.num_rows else None
+    elif not dead_rows.isEmpty():
+        require_dead_letter_positions(out.columns)
+    good = cached.filter(~marked).drop(DEAD_LETTER_COLUMN)
+    return Materialized(good, dead, release=cached.unpersist)
+
+
+def dead_letter_records(df: DataFrame, dead: pa.Table) -> DataFrame:
+    """The original Kafka records of the dead letters, with their error, as a DataFrame the
+    dead-letter sink writes like any batch (from the executors).
+
+    Only the marked positions (a few rows, broadcast) are looked up again in the batch's input
+    (its offset ranges are fixed, so the records are the same), which costs nothing when no
+    record is bad.
+    """
+    spark = df.sparkSession
+    positions = spark.createDataFrame(
+        dead.select([*POSITION, DEAD_LETTER_COLUMN]).to_pylist(),
+        f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string",
+    ).withColumnRenamed(DEAD_LETTER_COLUMN, "error")
+    joined = df.join(F.broadcast(positions), POSITION, "inner")
+    return joined.select(*(_original(joined, c) for c in DEAD_LETTER_KAFKA_COLUMNS), "error")
+
+
+def _original(df: DataFrame, column: str) -> Column:
+    """``column`` as the Kafka record had it. A decoded batch (:mod:`.decoding`) no longer
+    carries the value's bytes (nor the key's, when the key is decoded): the decoder keeps them
+    in ``_raw_value`` / ``_raw_key`` for the records it could not decode; a record the
+    transform rejects after decoding keeps its position, and its bytes stay in Kafka."""
+    raw = f"_raw_{column}"
+    if column not in ("key", "value") or raw not in df.columns:
+        return F.col(column)
+    if column in df.columns and dict(df.dtypes)[column] == "binary":
+        return F.coalesce(F.col(raw), F.col(column)).alias(column)
+    return F.col(raw).alias(column)
+
+
+def positions_held(
+    table_uri: str, storage_options: dict[str, str] | None, dead: pa.Table
+) -> set[tuple[str, int, int]]:
+    """The positions of ``dead`` that the dead-letter table already holds (read with delta-rs,
+    which reads the tables of both sinks; only the three position columns, filtered)."""
+    from kafka_delta.sinks.delta_rs.offset_store import open_table
+
+    table = open_table(table_uri, storage_options)
+    if table is None or dead.num_rows == 0:
+        return set()
+    offsets = pa.array(sorted(set(dead.column("offset").to_pylist())), pa.int64())
+    found = table.to_pyarrow_dataset().to_table(
+        columns=POSITION, filter=pc.field("offset").isin(offsets)
+    )
+    held = set(
+        zip(
+            found.column("topic").to_pylist(),
+            found.column("partition").to_pylist(),
+            found.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+    wanted = zip(
+        dead.column("topic").to_pylist(),
+        dead.column("partition").to_pylist(),
+        dead.column("offset").to_pylist(),
+        strict=True,
+    )
+    return {(t, int(p), int(o)) for t, p, o in wanted if (t, int(p), int(o)) in held}
+
+
+def unsent_dead_letters(dead: pa.Table, held: set[tuple[str, int, int]]) -> pa.Table:
+    """The dead letters at positions the dead-letter table does not hold yet."""
+    if not held or dead.num_rows == 0:
+        return dead
+    keep = [
+        (t, int(p), int(o)) not in held
+        for t, p, o in zip(
+            dead.column("topic").to_pylist(),
+            dead.column("partition").to_pylist(),
+            dead.column("offset").to_pylist(),
+            strict=True,
+        )
+    ]
+    return dead.filter(pa.array(keep, pa.bool_()))
+
+
+def forward_only(commit: BatchCommit, sent: Offsets) -> BatchCommit:
+    """The batch's commit as the dead-letter table records it: per partition the furthest of
+    its end and what the table already stores, so a rewound batch never moves the dead-letter
+    table's offsets backwards (and its start is not recorded: it is not a contiguous range)."""
+    ends = {t: dict(parts) for t, parts in sent.items()}
+    for t, parts in commit.end_offsets.items():
+        for p, o in parts.items():
+            ends.setdefault(t, {})[p] = max(o, ends.get(t, {}).get(p, o))
+    return replace(commit, end_offsets=ends, start_offsets=None, rewound=())
+
+
+class DeadLetterQueue:
+    """Sends a batch's dead letters to their table, idempotently, before the main commit."""
+
+    def __init__(
+        self,
+        sink: Sink | None,
+        offsets: OffsetStore | None,
+        storage_options: dict[str, str] | None = None,
+        held: Callable[[str, dict[str, str] | None, pa.Table], set] = positions_held,
+    ) -> None:
+        self.sink = sink
+        self.offsets = offsets
+        self.storage_options = dict(storage_options or {})
+        self._held = held
+
+    def send(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
+        """Commit ``dead`` (positions and errors of the batch ``df`` read) to the dead-letter
+        table; how many this call sent (0 when every one was already there)."""
+        if self.sink is None:
+            first = dead.slice(0, 1).to_pylist()[0]
+            raise DeadLetterError(
+                f"{dead.num_rows} record(s) of batch {commit.batch_id} cannot be processed, "
+                f"first {first['topic']}[{first['partition']}] offset {first['offset']}: "
+                f"{first[DEAD_LETTER_COLUMN]}. Dead letters are disabled "
+                "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
+            )
+        table = self.sink.table_uri
+        unsent = unsent_dead_letters(dead, self._held(table, self.storage_options, dead))
+        if unsent.num_rows == 0:
+            log.info(
+                "batch %d: its %d dead letter(s) are already in %s: nothing sent",
+                commit.batch_id,
+                dead.num_rows,
+                table,
+            )
+            return 0
+        try:
+            stored = (
+                self.offsets.read(lambda: partitions_of(commit.end_offsets))
+                if self.offsets is not None
+                else None
+            )
+        except OffsetsExpiredError as exc:
+            log.warning("cannot read the offsets %s stores: %s", table, exc)
+            stored = None
+        record = forward_only(commit, stored.offsets if stored is not None else {})
+        result = self.sink.commit_batch(dead_letter_records(df, unsent), record)
+        if result.written:
+            log.warning(
+                "batch %d: %d record(s) sent to the dead-letter table %s",
+                commit.batch_id,
+                unsent.num_rows,
+                table,
+            )
+        else:
+            log.info(
+                "replayed batch %d: its dead letters are already in %s: nothing sent",
+                commit.batch_id,
+                table,
+            )
+        crash_point("after_dead_letters")
+        return unsent.num_rows if result.written else 0

@@ -1,0 +1,63 @@
+"""The pipeline's stored offsets in a table read with delta-rs (tables of either sink)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from kafka_delta.offsets.model import StoredOffsets
+from kafka_delta.offsets.stored import Partitions, read_stored
+
+
+def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    """The table's latest snapshot, or None when there is no table yet."""
+    try:
+        return DeltaTable(table_uri, storage_options=storage_options or None)
+    except TableNotFoundError:
+        return None
+
+
+class DeltaRsLog:
+    """A table's log as :func:`..stored_offsets.read_stored` reads it, through one delta-rs
+    snapshot; ``copies(seq)`` reads the copy of a delta-spark commit record, when the caller
+    can (see :mod:`..cluster.commit_copies`)."""
+
+    def __init__(
+        self,
+        table: DeltaTable,
+        copies: Callable[[int], StoredOffsets | None] | None = None,
+    ) -> None:
+        self.table = table
+        self._copies = copies
+
+    def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
+        return self.table.history(limit)
+
+    def transaction_version(self, app_id: str) -> int | None:
+        return self.table.transaction_version(app_id)
+
+    def commit_copy(self, seq: int) -> StoredOffsets | None:
+        return self._copies(seq) if self._copies is not None else None
+
+
+def newest_stored_in(
+    table: DeltaTable, pipeline_id: str, partitions: Partitions | None = None
+) -> StoredOffsets | None:
+    """This pipeline's stored offsets in ``table``'s snapshot (see :mod:`..stored_offsets`)."""
+    return read_stored(DeltaRsLog(table), pipeline_id, partitions)
+
+
+class DeltaRsOffsetStore:
+    def __init__(
+        self, table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None = None
+    ) -> None:
+        self.table_uri = table_uri
+        self.pipeline_id = pipeline_id
+        self.storage_options = dict(storage_options or {})
+
+    def read(self, partitions: Partitions | None = None) -> StoredOffsets | None:
+        """This pipeline's stored offsets, or None (no table, or no commit of this pipeline)."""
+        table = open_table(self.table_uri, self.storage_options)
+        return None if table is None else newest_stored_in(table, self.pipeline_id, partitions)

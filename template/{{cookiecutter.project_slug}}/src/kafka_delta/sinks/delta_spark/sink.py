@@ -1,0 +1,264 @@
+"""Delta sink on delta-spark: one commit per micro-batch holding data, txn and end offsets.
+
+Needs the delta-spark jars (built into Databricks Runtime; elsewhere ``spark-submit --packages
+io.delta:delta-spark_<Spark major.minor>_2.13:<version>``, see
+:func:`..connectors.connector_packages`, or ``--jars`` from a local folder, with Delta's session
+extension and catalog).
+
+- append: ``DataFrameWriter`` options ``txnAppId``/``txnVersion`` and ``userMetadata``;
+- upsert: MERGE, which takes no writer options, so the same three values go through the
+  session confs ``spark.databricks.delta.write.txnAppId``/``txnVersion`` and
+  ``spark.databricks.delta.commitInfo.userMetadata``, set for that one command and restored
+  afterwards even when it fails (:func:`delta_txn_confs`).
+
+delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
+``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see :mod:`..offsets`).
+
+Fencing (I6), atomic: the stored offsets must equal the batch's start, checked on the history
+before the batch's tasks run (:meth:`DeltaSparkSink.check`; the write does not read it again);
+between that check and the commit, every run of the pipeline (same checkpoint or not) reads and
+writes the same fence appId, so delta-spark's conflict checker
+rejects the second of two concurrent commits (``ConcurrentTransactionException``), and a run
+whose ``seq`` another run already used is skipped by delta-spark itself. Either way the sink
+reads the pipeline's newest commit back and raises :class:`FencingError` unless it is this
+batch: two checkpoints of one pipeline can never both commit.
+
+Idempotence (I2): a replay is recognised before writing from the identity ``(app_id,
+batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
+same checkpoint that commits the batch first makes this one a replay too.
+
+Reading the log: the check and the read-back read the pipeline's commits through
+:class:`.offset_store.TableLogReader` (delta-rs, no Spark job; Spark only for a table delta-rs
+cannot open). The rows a commit wrote come from its own ``operationMetrics`` (read back with
+it), so an append runs one Spark job: the write.
+
+Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
+per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
+the sink keeps a copy of the commit's record beside the table, named by its fence seq, which
+the offset store reads when the log no longer holds the commit (:mod:`.commit_copies`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import DataFrame, SparkSession
+
+from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
+from kafka_delta.offsets.fencing import RESTART, FencingError, check_contiguous
+from kafka_delta.offsets.model import (
+    BatchCommit,
+    Offsets,
+    StoredOffsets,
+    fence_app_id,
+    partitions_of,
+)
+from kafka_delta.offsets.stored import read_stored
+from kafka_delta.runtime.faults import crash_point
+from kafka_delta.sinks.dead_letters import split_dead_letters_df
+from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+from kafka_delta.sinks.delta_spark.offset_store import TableLogReader, delta_table
+
+log = logging.getLogger(__name__)
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
+# How many of the newest commits are searched for a batch's own, for its metrics (other
+# writers may have committed after it); beyond them the rows are counted with a Spark job.
+METRICS_LOOKBACK = 10
+
+
+def append_options(commit: BatchCommit) -> dict[str, str]:
+    """Writer options that fence one append (the pipeline's fence txn at ``commit.seq``) and
+    carry its identity and end offsets."""
+    return {
+        "txnAppId": fence_app_id(commit.pipeline_id),
+        "txnVersion": str(commit.seq),
+        "userMetadata": commit.user_metadata(),
+    }
+
+
+@contextmanager
+def delta_txn_confs(
+    spark: SparkSession, commit: BatchCommit, add_columns: bool = False
+) -> Iterator[None]:
+    """Session confs for a DML command (MERGE) that has no writer options: set for the block,
+    then restored to what they were (unset when they were unset), also on failure, so no later
+    write of the session is mistaken for this batch. ``add_columns``: the MERGE adds the
+    source's new columns to the table (Delta's schema auto-merge), in the same commit."""
+    values = {
+        TXN_APP_ID_CONF: fence_app_id(commit.pipeline_id),
+        TXN_VERSION_CONF: str(commit.seq),
+        USER_METADATA_CONF: commit.user_metadata(),
+    }
+    if add_columns:
+        values[AUTO_MERGE_CONF] = "true"
+    before = {key: spark.conf.get(key, None) for key in values}
+    try:
+        for key, value in values.items():
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+class DeltaSparkSink:
+    def __init__(
+        self,
+        spark: SparkSession,
+        table_uri: str,
+        pipeline_id: str,
+        mode: WriteMode | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.table_uri = table_uri
+        self.pipeline_id = pipeline_id
+        self.mode = mode or WriteMode()
+        self.copies = CommitCopies(spark, table_uri, pipeline_id)
+        self.reader = TableLogReader(spark, table_uri, self.copies, storage_options)
+        # What :meth:`check` read for a batch (its identity, whether the table exists, stored
+        # offsets), for :meth:`commit_batch` of the same batch.
+        self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
+
+    def worker_modules(self) -> tuple[str, ...]:
+        return ()  # delta-spark writes in the JVM
+
+    def materialize(self, out: DataFrame) -> Materialized:
+        """The batch stays distributed: cached once, dead letters counted and split in Spark."""
+        return split_dead_letters_df(out)
+
+    def _frame(self, rows: Rows) -> DataFrame:
+        return rows if isinstance(rows, DataFrame) else self.spark.createDataFrame(rows)
+
+    def _stored(
+        self, commit: BatchCommit, start: Offsets | None
+    ) -> tuple[bool, StoredOffsets | None]:
+        """(whether the table exists, the pipeline's stored offsets in it), as the log is now."""
+        table_log = self.reader.read()
+        if table_log is None:
+            return False, None
+        names = partitions_of(commit.end_offsets, start or {})
+        return True, read_stored(table_log, self.pipeline_id, lambda: names)
+
+    def _rows_committed(self, version: int, frame: DataFrame) -> int:
+        """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
+        read from the log the read-back just brought up to date; counted with a Spark job
+        only when the writer recorded no metrics (``spark.databricks.delta.history.
+        metricsEnabled`` off)."""
+        table_log = self.reader.read()
+        newest = table_log.history(METRICS_LOOKBACK) if table_log is not None else ()
+        entry = next((e for e in newest if e.get("version") == version), None)
+        metrics = entry.get("operationMetrics") if entry is not None else None
+        if isinstance(metrics, dict) and str(metrics.get("numOutputRows", "")).isdigit():
+            return int(metrics["numOutputRows"])
+        return int(frame.count())
+
+    @staticmethod
+    def _is_replay(stored: StoredOffsets | None, commit: BatchCommit) -> bool:
+        return (
+            stored is not None
+            and stored.app_id == commit.app_id
+            and stored.batch_id is not None
+            and stored.batch_id >= commit.batch_id
+        )
+
+    def check(
+        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+    ) -> bool:
+        """True when the batch is already in the table (a replay); raises
+        :class:`FencingError` when it does not start where the table ends. Writes nothing."""
+        self._checked = None
+        exists, stored = self._stored(commit, start)
+        if self._is_replay(stored, commit):
+            return True
+        check_contiguous(stored, start, commit, firsts)
+        self._checked = ((commit.app_id, commit.batch_id), exists, stored)
+        return False
+
+    def commit_batch(
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None = None,
+        firsts: Offsets | None = None,
+    ) -> SinkResult:
+        # A batch that passed check() keeps what it read there: a run that commits in between
+        # takes the fence seq this batch would write, so delta-spark skips this write and the
+        # read-back below raises FencingError, exactly as for a race during the write itself.
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == (commit.app_id, commit.batch_id):
+            _, exists, stored = checked
+        else:
+            exists, stored = self._stored(commit, start)
+        if self._is_replay(stored, commit):
+            log.info(
+                "batch %d of %s is already in the table (%s): replay skipped",
+                commit.batch_id,
+                commit.app_id,
+                stored.describe() if stored is not None else "",
+            )
+            return SinkResult(written=False, rows=0, delta_version=None)
+        check_contiguous(stored, start, commit, firsts)
+        commit = commit.on_top_of(stored)
+        frame = self._frame(rows)
+        # An upsert MERGEs a non-empty batch into an existing table; anything else appends.
+        count = frame.count() if self.mode.kind == "upsert" and exists else None
+        try:
+            if count:
+                merge = (
+                    delta_table(self.spark, self.table_uri)
+                    .alias("t")
+                    .merge(frame.alias("s"), self.mode.merge_predicate())
+                    .whenMatchedUpdateAll(condition=self.mode.update_predicate())
+                    .whenNotMatchedInsertAll()
+                )
+                with delta_txn_confs(self.spark, commit, self.mode.add_columns):
+                    merge.execute()
+            else:
+                # An append; for an upsert also its first batch and an empty one, which must
+                # still commit its offsets.
+                writer = (
+                    frame.write.format("delta").mode("append").options(**append_options(commit))
+                )
+                if self.mode.add_columns:
+                    # New columns join the table in the batch's own commit.
+                    writer = writer.option("mergeSchema", "true")
+                writer.save(self.table_uri)
+        except Exception as exc:
+            if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
+                raise
+            log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, exc)
+        _, after = self._stored(commit, start)
+        if after is not None and (after.app_id, after.batch_id, after.seq) == (
+            commit.app_id,
+            commit.batch_id,
+            commit.seq,
+        ):
+            assert after.delta_version is not None
+            # Only now, with the commit read back as this batch's, is the copy written.
+            crash_point("before_commit_copy")
+            self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
+            if count is None:
+                count = self._rows_committed(after.delta_version, frame)
+            return SinkResult(written=True, rows=count, delta_version=after.delta_version)
+        if self._is_replay(after, commit):
+            # A concurrent run of this checkpoint committed the same batch first.
+            log.info(
+                "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
+            )
+            return SinkResult(written=False, rows=0, delta_version=None)
+        raise FencingError(
+            f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} lost to a concurrent "
+            f"run: the table's newest commit of the pipeline is "
+            f"{after.describe() if after is not None else 'missing'}, not this batch (commit "
+            f"{commit.seq} of {commit.app_id}). {RESTART}"
+        )

@@ -1,0 +1,72 @@
+"""Opens the embedded engine's stream: the config mapped onto the Python Kafka data source."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame, SparkSession
+
+from kafka_delta.config import KafkaConfig
+from kafka_delta.offsets.model import StoredOffsets, offsets_to_json, starting_offsets_option
+from kafka_delta.sources.kafka_datasource import SOURCE_NAME, KafkaDataSource
+
+if TYPE_CHECKING:
+    from kafka_delta.decoding.spec import DecodeSpec
+
+
+def embedded_source_options(
+    kafka: KafkaConfig,
+    stored: StoredOffsets | None,
+    read_tasks: int,
+    decode: DecodeSpec | None = None,
+) -> dict[str, str]:
+    """Options of the ``kafka_embedded`` data source (see :mod:`.source`) for ``kafka``."""
+    extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": starting_offsets_option(kafka.starting_offsets),
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+        "pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
+        "readTasks": str(read_tasks),
+        "kafkaConfig": json.dumps(extra),
+    }
+    if kafka.max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = str(kafka.max_records_per_trigger)
+    if decode is not None:
+        options["decodeSpec"] = decode.to_json()
+    if stored is not None:
+        options["storedOffsets"] = json.dumps(offsets_to_json(stored.offsets))
+    return options
+
+
+class EmbeddedSource:
+    """Python data source on confluent-kafka: needs no JVM connector jars."""
+
+    new_partitions_start_at_stored_offsets = True
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """The read task's: the data source, confluent-kafka and the decoders."""
+        from kafka_delta.decoding.decoder import decoder_modules
+
+        read = ("confluent_kafka", KafkaDataSource.__module__)
+        return read + (decoder_modules(decode) if decode is not None else ())
+
+    def stream(
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
+    ) -> DataFrame:
+        # ``resuming`` changes nothing here: the stored offsets also start partitions new to
+        # an existing checkpoint.
+        spark.dataSource.register(KafkaDataSource)
+        options = embedded_source_options(
+            self.kafka, stored, spark.sparkContext.defaultParallelism, decode
+        )
+        return spark.readStream.format(SOURCE_NAME).options(**options).load()

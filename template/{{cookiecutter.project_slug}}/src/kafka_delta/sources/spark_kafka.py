@@ -1,0 +1,131 @@
+"""Spark's built-in ``kafka`` source, configured from the pipeline config.
+
+Needs the spark-sql-kafka connector (built into Databricks Runtime; elsewhere
+``spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``).
+Its offsets land in the checkpoint's offset log in the same ``{"topic": {"partition": next
+offset}}`` JSON as the embedded source's, so the pipeline reads each batch's end offsets the
+same way for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame, SparkSession
+
+from kafka_delta.config import KafkaConfig
+from kafka_delta.kafka.admin import KafkaAdmin
+from kafka_delta.offsets.model import (
+    EARLIEST,
+    LATEST,
+    Offsets,
+    StartingOffsets,
+    StoredOffsets,
+    first_offset,
+    offsets_to_json,
+    starting_offsets_option,
+)
+
+if TYPE_CHECKING:
+    from kafka_delta.decoding.spec import DecodeSpec
+
+
+def starting_offsets(
+    stored: Offsets, partitions: Mapping[str, list[int]], default: StartingOffsets
+) -> dict[str, dict[str, int]]:
+    """startingOffsets JSON for a new checkpoint, by the pipeline's one rule of where a
+    partition first starts (:func:`..offsets.first_offset`) written in Spark's codes: the
+    stored offset of every subscribed partition; one with none stored yet at its earliest
+    offset (-2) once the pipeline has stored offsets (a topic or partition added, as Spark
+    starts new partitions of a running query), or where ``default`` (``kafka.starting_offsets``)
+    puts it on the pipeline's very first start.
+
+    Spark requires every partition of the subscription in the JSON, and it only reads this
+    option when the checkpoint is new; offsets of topics no longer subscribed are left out.
+    """
+    return offsets_to_json(
+        {
+            topic: {
+                p: first_offset(
+                    topic, p, stored=stored, starting=default, earliest=EARLIEST, latest=LATEST
+                )
+                for p in parts
+            }
+            for topic, parts in partitions.items()
+        }
+    )
+
+
+def spark_kafka_options(
+    kafka: KafkaConfig, starting: str | Mapping[str, Mapping[str, int]], min_partitions: int
+) -> dict[str, str]:
+    """Options of Spark's ``kafka`` format for ``kafka``, starting at ``starting``."""
+    options = {
+        # Only committed records, planned up to the last stable offset, as the embedded source
+        # does: the Java client's default (read_uncommitted) reads aborted and open
+        # transactions, so a producer that aborts and retries would land twice.
+        "kafka.isolation.level": "read_committed",
+        **kafka.jvm_client_options(),
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": starting_offsets_option(starting),
+        # I5: offsets Kafka no longer has fail the query instead of being skipped silently.
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+        # The same columns as the embedded source (and the dead-letter table) see.
+        "includeHeaders": "true",
+        "minPartitions": str(min_partitions),
+    }
+    if kafka.max_records_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(kafka.max_records_per_trigger)
+    return options
+
+
+class SparkKafkaSource:
+    """Spark's built-in Kafka source; the consumer group is never used for reading (Spark
+    assigns partitions itself and keeps offsets in the checkpoint)."""
+
+    new_partitions_start_at_stored_offsets = False
+
+    def __init__(self, kafka: KafkaConfig, admin: KafkaAdmin | None = None) -> None:
+        self.kafka = kafka
+        self._admin = admin
+
+    def starting(
+        self, stored: StoredOffsets | None, resuming: bool = False
+    ) -> str | dict[str, dict[str, int]]:
+        """startingOffsets: Kafka is asked for the partitions only when Spark will read the
+        answer (a new checkpoint resuming from stored offsets); a checkpoint that already
+        holds a plan ignores the option, so its restarts need no librdkafka client at all."""
+        if resuming or (stored is None and isinstance(self.kafka.starting_offsets, str)):
+            return self.kafka.starting_offsets
+        admin = self._admin or KafkaAdmin(self.kafka.client_config())
+        partitions = admin.partitions(self.kafka.topics)
+        held = stored.offsets if stored is not None else {}
+        return starting_offsets(held, partitions, self.kafka.starting_offsets)
+
+    def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
+        """Spark's kafka source reads in the JVM; only decoding (``mapInArrow``) runs Python."""
+        from kafka_delta.decoding.decoder import decoder_modules
+
+        return decoder_modules(decode) if decode is not None else ()
+
+    def stream(
+        self,
+        spark: SparkSession,
+        stored: StoredOffsets | None,
+        resuming: bool = False,
+        decode: DecodeSpec | None = None,
+    ) -> DataFrame:
+        try:
+            parallelism = spark.sparkContext.defaultParallelism
+        except Exception:  # Spark Connect has no SparkContext
+            parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
+        options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
+        df = spark.readStream.format("kafka").options(**options).load()
+        if decode is None:
+            return df
+        # The same decoder as the embedded source's read task, in the executors.
+        from kafka_delta.decoding.frames import decode_frame
+
+        return decode_frame(df, decode)

@@ -1,0 +1,251 @@
+"""The pytest plugin of a kafka_delta project (the ``dev`` extra; never in the deployed wheel):
+real parts for tests of a transform, a config or a whole pipeline, started on loopback and
+stopped by their pids when the session ends.
+
+Enable it in ``pyproject.toml`` (a generated project does)::
+
+    [tool.pytest.ini_options]
+    addopts = "-p kafka_delta_dev.pytest_plugin"
+
+Fixtures:
+
+- ``spark``: one local Spark session (``local[2]``, UTC, UI off) for the whole test session;
+  ``KAFKA_DELTA_JARS=<folder>`` puts a folder of connector jars (delta-spark, Spark's kafka
+  source) on it, ``KAFKA_DELTA_CONNECTORS=packages`` fetches them from Maven;
+- ``kafka_bootstrap``: ``KAFKA_BOOTSTRAP_SERVERS`` when set (any real Kafka), else the embedded
+  broker (Tansu) on a free loopback port;
+- ``new_topics(count, partitions=3)``: uniquely named topics on it;
+- ``make_config(topics, *, engine=..., delta=..., transform=..., **kafka)``: a validated
+  :class:`kafka_delta.PipelineConfig` on fresh table and checkpoint paths under ``tmp_path``;
+- ``schema_registry``: the development Schema Registry (``.url``; ``.down()`` for outages);
+- ``object_store``: an S3 API (moto's server) for tables in a bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import kafka_delta
+from kafka_delta.runtime.python_launcher import use_for_spark
+
+if TYPE_CHECKING:
+    from kafka_delta.config import PipelineConfig
+
+# Spark's Python workers and its data-source planner import the engine (and the project) by
+# name; they inherit PYTHONPATH from the JVM, which inherits it from this process. An installed
+# project needs nothing; a project run from its source tree gets its src/ folder.
+_SRC = str(Path(kafka_delta.__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
+os.environ["PYSPARK_PYTHON"] = sys.executable
+# A run started by a test would record a ~150 MB class archive of Spark's JVM classes into the
+# user's cache as it exits (kafka_delta.runtime.jvm_archive); tests leave it alone.
+os.environ.setdefault("SPARK_CLASS_ARCHIVE", "off")
+# Spark's Python processes import the installed, compiled pyspark, not Spark's source zip, as in
+# a run (kafka_delta.runtime.python_launcher).
+use_for_spark()
+
+# KAFKA_DELTA_CONNECTORS=packages: the session fetches the cluster engine's connector jars
+# (delta-spark, spark-sql-kafka) with spark.jars.packages. Needs access to Maven Central (or
+# spark.jars.repositories).
+WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
+# KAFKA_DELTA_JARS=<folder>: every jar in that folder goes on spark.jars instead (an air-gapped
+# machine's copy of the connectors).
+JARS_DIR = os.environ.get("KAFKA_DELTA_JARS") or None
+NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
+NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "broker: needs a Kafka broker (the embedded one, or KAFKA_BOOTSTRAP_SERVERS)"
+    )
+    config.addinivalue_line("markers", "spark: needs a local Spark session")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    if NO_JAVA:
+        pytest.skip(NEEDS_JAVA)
+    from pyspark.sql import SparkSession
+
+    from kafka_delta.runtime.connectors import (
+        DELTA_SESSION_CONFS,
+        connector_packages,
+        local_connector_jars,
+    )
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        # as conf/local.yaml: streaming queries disable it anyway, with a warning
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # as conf/local.yaml
+    )
+    if WITH_CONNECTORS:
+        builder = builder.config("spark.jars.packages", ",".join(connector_packages()))
+    if JARS_DIR:
+        builder = builder.config("spark.jars", ",".join(local_connector_jars(JARS_DIR)))
+    if WITH_CONNECTORS or JARS_DIR:
+        for key, value in DELTA_SESSION_CONFS.items():
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """KAFKA_BOOTSTRAP_SERVERS when set (any real Kafka), else the embedded Tansu broker."""
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        yield configured
+        return
+    from kafka_delta_dev.broker import BrokerError, EmbeddedBroker
+
+    try:
+        broker = EmbeddedBroker().start()
+    except BrokerError as exc:
+        pytest.skip(f"no Kafka broker: {exc}")
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def new_topics(kafka_bootstrap: str) -> Callable[..., list[str]]:
+    """Create uniquely named topics: ``new_topics(2, partitions=3)``."""
+    from kafka_delta_dev.produce import ensure_topics
+
+    def create(count: int = 1, partitions: int = 3) -> list[str]:
+        names = [f"t{i}-{uuid.uuid4().hex[:10]}" for i in range(count)]
+        ensure_topics(kafka_bootstrap, names, partitions)
+        return names
+
+    return create
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, kafka_bootstrap: str) -> Callable[..., PipelineConfig]:
+    """A PipelineConfig on fresh table/checkpoint paths under tmp_path, against the session's
+    broker: ``make_config(topics, engine=..., delta={...}, transform="pkg.mod:fn", **kafka)``."""
+    from kafka_delta.config import PipelineConfig
+
+    def make(
+        topics: list[str],
+        *,
+        engine: str | dict[str, str] = "embedded",
+        delta: dict[str, object] | None = None,
+        transform: str | None = None,
+        **kafka: object,
+    ) -> PipelineConfig:
+        return PipelineConfig.model_validate(
+            {
+                "pipeline_id": "test-pipeline",
+                "transform": transform,
+                "engine": engine,
+                "kafka": {
+                    "bootstrap_servers": kafka_bootstrap,
+                    "topics": topics,
+                    "consumer_group": f"g-{uuid.uuid4().hex[:10]}",
+                    "client": {"fetch.wait.max.ms": 100},
+                    **kafka,
+                },
+                "delta": {"table": str(tmp_path / "table"), **(delta or {})},
+                "checkpoint": str(tmp_path / "checkpoint"),
+                "commit_back": {"timeout_seconds": 10},
+            }
+        )
+
+    return make
+
+
+# --- the development Schema Registry (devtools/registry.py) ---------------------------------
+
+
+class SchemaRegistryProcess:
+    """The local Schema Registry in its own process on a fixed loopback port, its state in a
+    file: ``stop()`` then ``start()`` brings it back on the same URL with the same ids, which is
+    how a test plays "registry down" and "registry up"."""
+
+    def __init__(self, data_path: Path) -> None:
+        from kafka_delta_dev.registry import LocalSchemaRegistry
+
+        self._registry = LocalSchemaRegistry(
+            data_path=data_path, log_path=data_path.with_suffix(".log")
+        )
+        self.data_path = data_path
+
+    @property
+    def url(self) -> str:
+        return self._registry.url
+
+    @property
+    def pid(self) -> int | None:
+        process = self._registry.process
+        return process.pid if process is not None else None
+
+    def start(self) -> None:
+        if self._registry.process is None:
+            self._registry.start()
+
+    def stop(self) -> None:
+        self._registry.stop()
+
+    def down(self):
+        """``with schema_registry.down(): ...``: stopped inside, running again after, even when
+        the block fails (the session's other tests share this registry)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def stopped() -> Iterator[None]:
+            self.stop()
+            try:
+                yield
+            finally:
+                self.start()
+
+        return stopped()
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 API on a free loopback port (``.endpoint``, ``.storage_options()``,
+    ``.create_bucket(name)``), stopped by its pid at the end of the session."""
+    from kafka_delta_dev.object_store import LocalS3
+
+    store = LocalS3(log_path=tmp_path_factory.mktemp("s3") / "moto.log").start()
+    try:
+        yield store
+    finally:
+        store.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistryProcess]:
+    """The development Schema Registry on a free loopback port (``.url``), stopped by its pid
+    at the end of the session; ``.stop()``, ``.start()`` and ``.down()`` for outage tests."""
+    from kafka_delta_dev.registry import RegistryError
+
+    registry = SchemaRegistryProcess(tmp_path_factory.mktemp("schema-registry") / "state.json")
+    try:
+        registry.start()
+    except RegistryError as exc:
+        pytest.skip(f"no schema registry: {exc}")
+    try:
+        yield registry
+    finally:
+        registry.stop()

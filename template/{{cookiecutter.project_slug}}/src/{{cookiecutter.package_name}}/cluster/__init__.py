@@ -1,1 +1,0 @@
-"""The cluster engine: Spark's built-in ``kafka`` source and delta-spark (JVM connectors)."""

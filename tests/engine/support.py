@@ -1,0 +1,116 @@
+"""What the engine's suites share: a project generated from the template (its conf, schemas and
+scripts, for tests of what a project holds), and assertions that read tables with delta-rs and
+Kafka with confluent-kafka directly: an independent check of whatever engine wrote the table."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from deltalake import DeltaTable
+from kafka_delta.config import PipelineConfig
+from kafka_delta.kafka.admin import KafkaAdmin, total_lag
+from kafka_delta.recovery.checkpoint import CheckpointLog
+from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+# The default project's package (conf/embedded-local.yaml), which its conf/*.yaml name.
+PACKAGE = "orders_stream"
+
+
+@functools.cache
+def rendered_project() -> Path:
+    """The template rendered once for this test process with the default preset: the project a
+    user generates, for tests that read its conf, schemas or scripts, or run it as a process
+    (its src/ holds the user's package beside its copy of the engine)."""
+    from cookiecutter.main import cookiecutter
+
+    where = Path(tempfile.mkdtemp(prefix="kafka-delta-project-"))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    return Path(
+        cookiecutter(
+            str(REPO / "template"),
+            no_input=True,
+            config_file=str(REPO / "conf" / "embedded-local.yaml"),
+            output_dir=str(where),
+        )
+    )
+
+
+PROJECT = rendered_project()
+# Its configs name its transform (orders_stream.transform:transform): importable here too, after
+# the engine this suite proves (the template's own, first on the path).
+sys.path.append(str(PROJECT / "src"))
+
+
+def project_env(**extra: str) -> dict[str, str]:
+    """The environment of a process that runs the project: its src/ first on PYTHONPATH (the
+    config's transform is the project's own)."""
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(PROJECT / "src"), **extra}
+
+
+def spark_jobs(spark, action: Callable[[], T]) -> tuple[T, list[int]]:
+    """(what ``action()`` returned, the Spark jobs it ran on this thread). The jobs are counted
+    by a job group of their own: the suites share one session, and Spark's status tracker keeps
+    every job a group name ever had, so a name another test used would count its jobs too."""
+    context = spark.sparkContext
+    group = f"count-{uuid.uuid4().hex}"
+    context.setJobGroup(group, group)
+    try:
+        result = action()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
+    return result, list(context.statusTracker().getJobIdsForGroup(group))
+
+
+def table_ids(cfg: PipelineConfig) -> Counter[int]:
+    table = DeltaTable(cfg.delta.table, storage_options=cfg.delta.storage_options or None)
+    return Counter(table.to_pyarrow_table()["id"].to_pylist())
+
+
+def assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:
+    """Every id 0..produced-1 is in the table exactly once."""
+    ids = table_ids(cfg)
+    assert set(ids) == set(range(produced)), set(range(produced)) ^ set(ids)
+    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
+
+
+def last_batch(cfg: PipelineConfig) -> int:
+    return max(
+        int(p.name) for p in (Path(cfg.checkpoint) / "commits").iterdir() if p.name.isdigit()
+    )
+
+
+def forget_last_spark_commit(cfg: PipelineConfig) -> None:
+    """Leave the state a crash between the Delta commit and Spark's commit leaves behind:
+    the last batch is in the table, but Spark has not recorded it, so it re-runs it."""
+    last = last_batch(cfg)
+    for entry in (str(last), f".{last}.crc"):
+        (Path(cfg.checkpoint) / "commits" / entry).unlink(missing_ok=True)
+
+
+def assert_offsets_agree(cfg: PipelineConfig) -> None:
+    """stored offsets == last batch's planned end offsets == group's committed == latest."""
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions(cfg.kafka.topics)
+    store = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id, cfg.delta.storage_options)
+    stored = store.read(lambda: partitions)
+    assert stored is not None
+    planned = CheckpointLog(None, cfg.checkpoint).end_offsets(last_batch(cfg))
+    committed = admin.committed(cfg.kafka.consumer_group, partitions)
+    latest = admin.latest(partitions)
+    assert stored.offsets == planned == committed == latest
+    assert total_lag(latest, committed) == 0

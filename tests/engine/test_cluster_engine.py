@@ -1,0 +1,428 @@
+"""The cluster engine's pieces that need no connector jars, on a real SparkSession: config to
+Spark kafka source options, writer options, the MERGE session confs, history paging, and a clear
+stop when the jars are missing. Its end-to-end proofs are in test_engine_contract.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from kafka_delta.cli import main
+from kafka_delta.config import KafkaConfig, PipelineConfig
+from kafka_delta.engine_factory import build_engine
+from kafka_delta.offsets.model import BatchCommit, StoredOffsets, parse_user_metadata
+from kafka_delta.offsets.stored import newest_stored_paged
+from kafka_delta.recovery.checkpoint import CheckpointLog
+from kafka_delta.runtime.connectors import ConnectorMissingError, missing_connectors
+from kafka_delta.sinks.dead_letters import split_dead_letters_df
+from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog
+from kafka_delta.sinks.delta_spark.sink import (
+    TXN_APP_ID_CONF,
+    TXN_VERSION_CONF,
+    USER_METADATA_CONF,
+    append_options,
+    delta_txn_confs,
+)
+from kafka_delta.sources.spark_kafka import SparkKafkaSource, spark_kafka_options
+from support import PROJECT, spark_jobs
+
+COMMIT = BatchCommit("orders", "orders.q-1", 7, {"orders": {0: 120, 1: 80}}, seq=12)
+
+
+def _kafka(**overrides: object) -> KafkaConfig:
+    return KafkaConfig.model_validate(
+        {
+            "bootstrap_servers": "b1:9092,b2:9092",
+            "topics": ["orders", "payments"],
+            "consumer_group": "g",
+            **overrides,
+        }
+    )
+
+
+class _Admin:
+    """Stands in for the metadata query: partitions per topic."""
+
+    def partitions(self, topics):
+        return {"orders": [0, 1, 2], "payments": [0]}
+
+
+def test_config_maps_to_sparks_kafka_source_options() -> None:
+    kafka = _kafka(
+        max_records_per_trigger=1000,
+        fail_on_data_loss=False,
+        jvm_client={"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"},
+        # librdkafka only: not for the Java client
+        client={"fetch.wait.max.ms": 100, "security.protocol": "SASL_SSL"},
+    )
+
+    options = spark_kafka_options(kafka, "earliest", 4)
+
+    assert options == {
+        "kafka.isolation.level": "read_committed",
+        "kafka.bootstrap.servers": "b1:9092,b2:9092",
+        "subscribe": "orders,payments",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "false",
+        "includeHeaders": "true",
+        "minPartitions": "4",
+        "maxOffsetsPerTrigger": "1000",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+    }
+    assert (
+        spark_kafka_options(_kafka(max_records_per_trigger=None), "latest", 1)["failOnDataLoss"]
+        == "true"
+    )
+    assert "maxOffsetsPerTrigger" not in spark_kafka_options(
+        _kafka(max_records_per_trigger=None), "latest", 1
+    )
+
+
+def test_sparks_kafka_source_reads_only_committed_transactions_unless_overridden() -> None:
+    # The Java client defaults to read_uncommitted: aborted records would land in the table.
+    assert spark_kafka_options(_kafka(), "earliest", 1)["kafka.isolation.level"] == (
+        "read_committed"
+    )
+    overridden = _kafka(jvm_client={"isolation.level": "read_uncommitted"})
+    assert spark_kafka_options(overridden, "earliest", 1)["kafka.isolation.level"] == (
+        "read_uncommitted"
+    )
+
+
+def test_java_client_credentials_without_librdkafka_ones_are_refused_at_start_up() -> None:
+    with pytest.raises(ValueError, match=r"give kafka\.client the same security settings"):
+        _kafka(jvm_client={"security.protocol": "SASL_SSL", "sasl.jaas.config": "x"})
+    both = _kafka(
+        jvm_client={"security.protocol": "SASL_SSL"}, client={"security.protocol": "sasl_ssl"}
+    )
+    assert both.client["security.protocol"] == "sasl_ssl"
+
+
+def test_a_restarted_checkpoint_asks_kafka_nothing_for_its_starting_offsets() -> None:
+    class _NoKafka:
+        def partitions(self, topics):
+            raise AssertionError("no metadata query when the checkpoint already has a plan")
+
+    stored = StoredOffsets({"orders": {0: 50}}, 4, "orders.q", 2)
+    source = SparkKafkaSource(_kafka(), admin=_NoKafka())
+    assert source.starting(stored, resuming=True) == "earliest"
+
+
+def test_a_new_checkpoint_starts_at_the_stored_offsets_of_every_subscribed_partition() -> None:
+    stored = StoredOffsets({"orders": {0: 50, 1: 7}, "gone": {0: 3}}, 4, "orders.q", 2)
+
+    source = SparkKafkaSource(_kafka(), admin=_Admin())
+    starting = source.starting(stored)
+    options = spark_kafka_options(_kafka(), starting, 2)
+
+    # Spark wants every partition: -2 (earliest) where nothing is stored; no unsubscribed topic.
+    assert json.loads(options["startingOffsets"]) == {
+        "orders": {"0": 50, "1": 7, "2": -2},
+        "payments": {"0": -2},
+    }
+    # starting_offsets: latest only applies to the pipeline's very first start: a partition
+    # added since (here all of payments, and orders[2]) starts at its earliest offset, or the
+    # records produced to it before this checkpoint were skipped.
+    latest_default = SparkKafkaSource(_kafka(starting_offsets="latest"), admin=_Admin())
+    assert latest_default.starting(stored)["payments"] == {"0": -2}
+    assert latest_default.starting(stored)["orders"]["2"] == -2
+    assert latest_default.starting(None) == "latest"
+    assert source.starting(None) == "earliest"
+
+
+def test_configured_starting_offsets_of_its_own_reach_spark_with_every_partition() -> None:
+    kafka = _kafka(starting_offsets={"orders": {0: 5, 1: -1}})
+    source = SparkKafkaSource(kafka, admin=_Admin())
+
+    # The pipeline's first start: the map's offsets, -2 for a partition it leaves out (Spark
+    # refuses a map without every partition of the subscription).
+    options = spark_kafka_options(kafka, source.starting(None), 2)
+    assert json.loads(options["startingOffsets"]) == {
+        "orders": {"0": 5, "1": -1, "2": -2},
+        "payments": {"0": -2},
+    }
+    # Once the table stores offsets, they win, and a partition without one starts at earliest.
+    stored = StoredOffsets({"orders": {0: 50}}, 4, "orders.q", 2)
+    assert source.starting(stored) == {"orders": {"0": 50, "1": -2, "2": -2}, "payments": {"0": -2}}
+
+
+def test_append_carries_txn_and_offsets_as_writer_options() -> None:
+    options = append_options(COMMIT)
+
+    # The pipeline-wide fence txn: every run of the pipeline writes it (atomic fencing, I6).
+    assert options["txnAppId"] == "orders:fence"
+    assert options["txnVersion"] == "12"
+    assert parse_user_metadata(options["userMetadata"], "orders") == COMMIT
+
+
+def test_merge_session_confs_are_set_inside_the_batch_and_cleared_after_it(spark) -> None:
+    spark.conf.set(USER_METADATA_CONF, "someone else's")
+    seen = {}
+
+    with delta_txn_confs(spark, COMMIT):
+        seen = {k: spark.conf.get(k, None) for k in (TXN_APP_ID_CONF, TXN_VERSION_CONF)}
+        inside_metadata = spark.conf.get(USER_METADATA_CONF)
+
+    assert seen == {TXN_APP_ID_CONF: "orders:fence", TXN_VERSION_CONF: "12"}
+    assert parse_user_metadata(inside_metadata, "orders") == COMMIT
+    assert spark.conf.get(TXN_APP_ID_CONF, None) is None
+    assert spark.conf.get(TXN_VERSION_CONF, None) is None
+    assert spark.conf.get(USER_METADATA_CONF) == "someone else's"
+    spark.conf.unset(USER_METADATA_CONF)
+
+
+def test_merge_session_confs_are_cleared_even_when_the_merge_fails(spark) -> None:
+    with pytest.raises(RuntimeError, match="merge failed"), delta_txn_confs(spark, COMMIT):
+        raise RuntimeError("merge failed")
+
+    for key in (TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF):
+        assert spark.conf.get(key, None) is None, key
+
+
+def test_a_batch_for_delta_spark_is_split_in_spark_and_cached_once(spark) -> None:
+    out = spark.createDataFrame(
+        [(1, "o", 0, 10, None), (2, "o", 0, 11, "malformed JSON"), (3, "o", 1, 4, None)],
+        "id long, topic string, partition int, offset long, _error string",
+    )
+
+    batch = split_dead_letters_df(out)
+
+    assert sorted(r.id for r in batch.rows.collect()) == [1, 3]
+    assert "_error" not in batch.rows.columns
+    assert batch.dead is not None
+    assert batch.dead.to_pylist() == [
+        {"topic": "o", "partition": 0, "offset": 11, "_error": "malformed JSON"}
+    ]
+    clean = split_dead_letters_df(out.filter("_error IS NULL").drop("_error"))
+    assert clean.dead is None and clean.rows.count() == 2
+    # Either way the count and the write read the cached batch, not Kafka a second time.
+    for split in (batch, clean):
+        assert "InMemoryRelation" in split.rows._jdf.queryExecution().optimizedPlan().toString()
+        split.release()
+
+
+class _History:
+    """A DeltaTable stand-in whose history() is a real Spark DataFrame, newest first."""
+
+    def __init__(self, spark, rows: list[tuple[int, str | None]]) -> None:
+        self.spark, self.rows, self.limits = spark, rows, []
+
+    def history(self, limit: int | None = None):
+        self.limits.append(limit)
+        rows = self.rows if limit is None else self.rows[:limit]
+        return self.spark.createDataFrame(
+            [(v, None, "WRITE", {}, m) for v, m in rows],
+            "version long, timestamp timestamp, operation string, "
+            "operationParameters map<string,string>, userMetadata string",
+        )
+
+
+def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
+    ours = BatchCommit("orders", "orders.q", 3, {"orders": {0: 9}}).user_metadata()
+    other = BatchCommit("refunds", "refunds.q", 8, {"r": {0: 1}}).user_metadata()
+    rows = [(100 - i, other if i % 2 else None) for i in range(30)] + [(70, ours)]
+    table = _History(spark, rows)
+
+    stored = newest_stored_paged(DeltaSparkLog(table, "unused", None).history, "orders")
+
+    assert stored == StoredOffsets({"orders": {0: 9}}, 70, "orders.q", 3)
+    assert table.limits == [20, 500]
+    few = DeltaSparkLog(_History(spark, rows[:5]), "unused", None)
+    assert newest_stored_paged(few.history, "orders") is None
+
+
+def test_checkpoint_is_read_through_spark_when_it_is_not_a_local_path(
+    spark, tmp_path: Path
+) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"o":{"0":12,"1":5}}\n')
+    (tmp_path / "metadata").write_text('{"id":"0b5c-query"}\n')
+    log = CheckpointLog(spark, str(tmp_path))
+    log._local = None  # as for s3:// or abfss://: every read goes through spark.read
+
+    assert log.end_offsets(4) == {"o": {0: 12, 1: 5}}
+    assert log.query_id() == "0b5c-query"
+    assert not log.has_progress()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / "4").write_text("v1\n{}\n")
+    assert log.has_progress()
+
+
+def _missing_cluster_connectors(spark) -> list[str]:
+    """The cluster engine's connectors this session lacks: both on a bare machine, only
+    spark-sql-kafka where delta-spark's jars are on the classpath (KAFKA_DELTA_JARS)."""
+    missing = missing_connectors(spark, ["delta-spark", "spark-sql-kafka"])
+    if not missing:
+        pytest.skip("the connector jars are on the classpath: the engine can run")
+    return missing
+
+
+def test_cluster_engine_without_its_jars_stops_before_any_work(spark, tmp_path: Path) -> None:
+    missing = _missing_cluster_connectors(spark)
+    cfg = PipelineConfig.model_validate(
+        {
+            "pipeline_id": "p",
+            "engine": "cluster",
+            "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["o"], "consumer_group": "g"},
+            "delta": {"table": str(tmp_path / "t")},
+            "checkpoint": str(tmp_path / "c"),
+        }
+    )
+
+    with pytest.raises(ConnectorMissingError, match=r"run_cluster_local\.sh") as raised:
+        build_engine(spark, cfg)
+    assert f"needs the {' and '.join(missing)} jars" in str(raised.value)
+    assert not (tmp_path / "t").exists()
+
+
+def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_them(
+    spark, kafka_bootstrap, new_topics, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = _missing_cluster_connectors(spark)
+    data = yaml.safe_load((PROJECT / "conf" / "local.yaml").read_text())
+    # a reachable broker and existing topics: main checks them before Spark starts
+    data["kafka"]["bootstrap_servers"] = kafka_bootstrap
+    data["kafka"]["topics"] = new_topics(1)
+    data["delta"]["table"] = str(tmp_path / "table")
+    data["checkpoint"] = str(tmp_path / "checkpoint")
+    data["decoding"]["value"]["schema_file"] = str(PROJECT / "schemas" / "order_event.ddl")
+    (tmp_path / "conf").mkdir()
+    config = tmp_path / "conf" / "local.yaml"
+    config.write_text(yaml.safe_dump(data))
+
+    code = main(["--config", str(config), "--engine", "cluster"])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"needs the {' and '.join(missing)} jars" in err, err
+    assert "run_cluster_local.sh" in err
+    assert not (tmp_path / "table").exists() and not (tmp_path / "checkpoint").exists()
+
+
+def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_spark() -> None:
+    from importlib.metadata import version
+
+    from kafka_delta.runtime.connectors import connector_packages
+    from pyspark.sql import SparkSession
+
+    delta, spark = version("delta-spark"), version("pyspark")
+    spark_major_minor = ".".join(spark.split(".")[:2])
+
+    packages = connector_packages()
+
+    assert packages == [
+        f"io.delta:delta-spark_{spark_major_minor}_2.13:{delta}",
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark}",
+    ]
+    if (spark_major_minor, delta) == ("4.2", "4.4.1"):  # the pinned pair
+        assert packages[0] == "io.delta:delta-spark_4.2_2.13:4.4.1"
+    # the same coordinate delta-spark's own helper asks for (it only sets it on a builder;
+    # nothing is fetched until a session starts)
+    delta_pip = pytest.importorskip("delta.pip_utils")
+    builder = delta_pip.configure_spark_with_delta_pip(SparkSession.Builder())
+    assert builder._options["spark.jars.packages"] == packages[0]
+
+
+def _delta_spark_sink(spark, tmp_path: Path):
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
+    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
+
+    uri = str(tmp_path / "table")
+    return uri, lambda: DeltaSparkSink(spark, uri, "p")
+
+
+def _ids(spark, *ids: int):
+    return spark.createDataFrame([(i,) for i in ids], "id long")
+
+
+def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: Path) -> None:
+    # The check and the read-back read the log with delta-rs, and the rows come from the
+    # commit's own metrics: beside the write itself (the same jobs as the plain append Databricks
+    # documents for foreachBatch, on a table of the same length), a batch costs no Spark job.
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    plain = str(tmp_path / "plain")
+    sink = new_sink()
+    first = BatchCommit("p", "p.q", 0, {"o": {0: 1}})
+    sink.commit_batch(_ids(spark, 1), first, {})
+    _ids(spark, 1).write.format("delta").option("txnAppId", "x").option("txnVersion", "0").save(
+        plain
+    )
+    frame = _ids(spark, 2, 3).persist()
+    frame.count()
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
+
+    replay, check_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
+    result, sink_jobs = spark_jobs(spark, lambda: sink.commit_batch(frame, second, {"o": {0: 1}}))
+    _, plain_jobs = spark_jobs(
+        spark,
+        lambda: (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", "x")
+            .option("txnVersion", "1")
+            .save(plain)
+        ),
+    )
+
+    assert not replay and check_jobs == []
+    assert result.written and result.rows == 2 and result.delta_version == 1
+    assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+    # A replay is recognised without a job either.
+    assert spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
+
+
+def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A table with a reader feature delta-rs lacks (or on a file system it cannot reach): the
+    # sink says so once and reads the log through Spark; fence, replay and read-back hold.
+    from kafka_delta.sinks.delta_spark import offset_store
+    from kafka_delta.offsets.fencing import FencingError
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    sink.commit_batch(_ids(spark, 1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
+
+    def refuse(table_uri, storage_options):
+        raise OSError("unsupported reader features: ['somethingNew']")
+
+    monkeypatch.setattr(offset_store, "open_table", refuse)
+    sink, rival = new_sink(), new_sink()
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
+    with caplog.at_level("WARNING", logger=offset_store.__name__):
+        assert not sink.check(second, {"o": {0: 1}})
+        assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).rows == 2
+        assert sink.check(second, {"o": {0: 1}})  # a replay, read through Spark
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "delta-rs cannot read the log of" in warning and "somethingNew" in warning
+    assert sink.reader.spark_only is not None
+    with pytest.raises(FencingError, match="another run of the pipeline moved the table on"):
+        rival.commit_batch(_ids(spark, 9), BatchCommit("p", "p.r", 0, {"o": {0: 2}}), {"o": {0: 1}})
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+
+
+def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_nothing(
+    spark, tmp_path: Path
+) -> None:
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    from kafka_delta.offsets.fencing import FencingError
+
+    run_a, run_b = new_sink(), new_sink()
+    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
+    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
+    assert not run_b.check(late, {"o": {0: 1}})  # the table ends where run B starts...
+    # ...until run A commits the same range between run B's check and its write.
+    run_a.commit_batch(
+        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
+    )
+
+    with pytest.raises(FencingError, match="lost to a concurrent run"):
+        run_b.commit_batch(_ids(spark, 20, 30), late, {"o": {0: 1}})
+
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]

@@ -1,0 +1,424 @@
+"""Decoding end to end (issue: formats): Avro and Protobuf behind the local Schema Registry,
+JSON against the project's schema file, on a real broker, real Delta tables and a real Spark
+session. The decoder's own cases (every format, framing and reason) are in test_decoding.py;
+the registry's API in test_registry.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from deltalake import DeltaTable
+from kafka_delta.config import PipelineConfig
+from kafka_delta.decoding.failures import reported
+from kafka_delta.pipeline import Pipeline
+from kafka_delta_dev.produce import order_event_avro, produce_values
+from support import PROJECT, assert_exactly_once, table_ids
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+# The sample event's schema (schemas/order_event.avsc), and v2: a producer added `channel`.
+ORDER_V1 = order_event_avro(1)
+ORDER_V2 = order_event_avro(2)
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def order(i: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": i,
+        "event_type": ("created", "paid")[i % 2],
+        "amount": float(i) + 0.5,
+        "event_time": START + timedelta(seconds=i),
+        **extra,
+    }
+
+
+def produce(bootstrap: str, topic: str, values: Iterable[bytes | None], partitions: int) -> int:
+    """``values`` round-robin over the partitions (the devtools producer: exact watermarks)."""
+    pairs = [(i % partitions, v) for i, v in enumerate(values)]
+    produce_values(bootstrap, topic, pairs)  # type: ignore[arg-type]
+    return len(pairs)
+
+
+def avro_values(
+    registry_url: str,
+    topic: str,
+    schema: dict[str, Any],
+    records: Iterable[dict[str, Any]],
+    **conf: Any,
+) -> list[bytes]:
+    """Confluent-framed Avro, made by confluent-kafka's own serializer (auto-registering)."""
+    serializer = AvroSerializer(
+        SchemaRegistryClient({"url": registry_url}), json.dumps(schema), conf=conf or None
+    )
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(r, context) for r in records]
+
+
+def decoding(fmt: str, registry_url: str | None = None, **value: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {"value": {"format": fmt, **value}}
+    if registry_url:
+        section["schema_registry"] = {"url": registry_url}
+    return section
+
+
+def with_decoding(cfg: PipelineConfig, section: dict[str, Any]) -> PipelineConfig:
+    return cfg.with_overrides(decoding=section)
+
+
+def rows_by_id(table: str) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in DeltaTable(table).to_pyarrow_table().to_pylist()}
+
+
+def dead_letters(cfg: PipelineConfig) -> list[dict[str, Any]]:
+    assert cfg.dead_letter_table is not None
+    return sorted(
+        DeltaTable(cfg.dead_letter_table).to_pyarrow_table().to_pylist(),
+        key=lambda r: (r["partition"], r["offset"]),
+    )
+
+
+def test_avro_of_two_schema_versions_lands_once_and_the_table_gains_the_new_column(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, sink_engine
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(
+        make_config([topic], engine=sink_engine), decoding("avro", schema_registry.url)
+    )
+    produce(
+        kafka_bootstrap,
+        topic,
+        avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(30))),
+        2,
+    )
+    Pipeline(spark, cfg).run()
+    assert "channel" not in DeltaTable(cfg.delta.table).schema().to_arrow().names
+
+    # The producers move to v2 (an optional field added) while the table exists.
+    v2 = [order(i, channel="web") for i in range(30, 50)]
+    produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, ORDER_V2, v2), 2)
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 50)
+    rows = rows_by_id(cfg.delta.table)
+    assert {rows[i]["channel"] for i in range(30)} == {None}
+    assert {rows[i]["channel"] for i in range(30, 50)} == {"web"}
+    assert rows[7]["amount"] == 7.5 and rows[7]["event_type"] == "paid"
+    assert rows[7]["event_time"] == START + timedelta(seconds=7)
+
+
+def test_a_writer_schema_the_reader_lacks_restarts_the_query_with_its_fields_exactly_once(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry
+) -> None:
+    """v2 is registered under the record's name (RecordNameStrategy), not the topic's subject:
+    the reader schema made at start lacks `channel`, the read task finds it in the records,
+    and the run restarts its query with it; the failed batch committed nothing."""
+    from confluent_kafka.schema_registry import record_subject_name_strategy
+
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    values = avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(20)))
+    values += avro_values(
+        schema_registry.url,
+        topic,
+        ORDER_V2,
+        [order(i, channel="app") for i in range(20, 35)],
+        **{"subject.name.strategy": record_subject_name_strategy},
+    )
+    produce(kafka_bootstrap, topic, values, 2)
+
+    summary = Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 35)
+    assert summary.rows_written == 35
+    rows = rows_by_id(cfg.delta.table)
+    assert {rows[i]["channel"] for i in range(20)} == {None}
+    assert {rows[i]["channel"] for i in range(20, 35)} == {"app"}
+
+
+def test_protobuf_from_the_registry_lands_typed(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry
+) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from kafka_delta_dev.produce import order_event_message
+
+    (topic,) = new_topics(1, partitions=2)
+    message = order_event_message(1)
+    serializer = ProtobufSerializer(
+        message,
+        SchemaRegistryClient({"url": schema_registry.url}),
+        {"use.deprecated.format": False},
+    )
+    context = SerializationContext(topic, MessageField.VALUE)
+    values = []
+    for i in range(25):
+        m = message(id=i, event_type="created", amount=i * 2.0)
+        m.event_time.FromDatetime(START + timedelta(seconds=i))
+        values.append(serializer(m, context))
+    produce(kafka_bootstrap, topic, values, 2)
+    cfg = with_decoding(make_config([topic]), decoding("protobuf", schema_registry.url))
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 25)
+    rows = rows_by_id(cfg.delta.table)
+    assert rows[3]["amount"] == 6.0 and rows[3]["event_type"] == "created"
+    assert rows[3]["event_time"] == START + timedelta(seconds=3)
+
+
+def test_records_that_cannot_be_decoded_are_dead_letters_with_their_reason_and_bytes(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    good = avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(10)))
+    bad = {
+        "wrong magic": b'{"id": 1}',
+        "unknown id": b"\x00\x00\x00\x27\x0f" + good[0][5:],  # schema id 9999
+        "truncated": good[1][:-4],
+        "null": None,
+    }
+    produce(kafka_bootstrap, topic, [*good[:5], *bad.values(), *good[5:]], 1)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+
+    Pipeline(spark, cfg).run()
+
+    assert sorted(table_ids(cfg)) == list(range(10))
+    letters = dead_letters(cfg)
+    assert [r["offset"] for r in letters] == [5, 6, 7, 8]
+    assert [r["value"] for r in letters] == list(bad.values())
+    errors = [r["error"] for r in letters]
+    assert "magic" in errors[0] and "0x7b" in errors[0].lower(), errors[0]
+    assert "9999" in errors[1], errors[1]
+    assert errors[2], errors[2]
+    assert "null" in errors[3], errors[3]
+
+
+def test_json_is_decoded_against_the_projects_schema_file_and_bad_lines_are_dead_letters(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    good = [json.dumps({**order(i), "event_time": f"2026-01-01T00:00:{i:02d}Z"}) for i in range(8)]
+    bad = [b"{not json", b'{"id": "seven"}', b'{"event_type": "paid"}']
+    values = [g.encode() for g in good[:4]] + bad + [g.encode() for g in good[4:]]
+    produce(kafka_bootstrap, topic, values, 1)
+    cfg = with_decoding(
+        make_config([topic]),
+        decoding("json", schema_file=str(PROJECT / "schemas" / "order_event.ddl")),
+    )
+
+    Pipeline(spark, cfg).run()
+
+    assert sorted(table_ids(cfg)) == list(range(8))
+    letters = dead_letters(cfg)
+    assert [r["offset"] for r in letters] == [4, 5, 6]
+    assert [r["value"] for r in letters] == bad
+    assert "id" in letters[2]["error"], letters[2]["error"]
+    assert rows_by_id(cfg.delta.table)[5]["event_time"] == START + timedelta(seconds=5)
+
+
+def test_registry_down_commits_nothing_and_the_run_completes_exactly_once_when_it_is_back(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, caplog
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    produce(
+        kafka_bootstrap,
+        topic,
+        avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(40))),
+        2,
+    )
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    schema_registry.stop()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            Pipeline(spark, cfg).run()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caplog.set_level("WARNING")
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        time.sleep(6)
+        assert not Path(cfg.delta.table, "_delta_log").exists()  # nothing committed
+        assert runner.is_alive()
+    finally:
+        schema_registry.start()
+    runner.join(240)
+    assert outcome == [None]
+    assert_exactly_once(cfg, 40)
+    assert any("retrying in" in r.getMessage() for r in caplog.records)
+
+
+def test_a_pipeline_started_before_any_producer_registered_a_schema_waits_for_the_first(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, caplog
+) -> None:
+    """Deployed before its producers: the run waits (as for a registry outage) instead of
+    stopping, and reads the records once the first producer registered its schema."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    producer = threading.Timer(
+        2.0,
+        lambda: produce(
+            kafka_bootstrap,
+            topic,
+            avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(40))),
+            2,
+        ),
+    )
+    producer.start()
+    try:
+        Pipeline(spark, cfg).run()
+    finally:
+        producer.join()
+    assert f"has no schema under {topic}-value yet: waiting" in caplog.text
+    Pipeline(spark, cfg).run()  # what the first run's target left for the next
+    assert_exactly_once(cfg, 40)
+
+
+def test_an_incompatible_change_stops_the_run_naming_the_field_and_both_types(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    produce(
+        kafka_bootstrap,
+        topic,
+        avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(5))),
+        1,
+    )
+    Pipeline(spark, cfg).run()
+    version = DeltaTable(cfg.delta.table).version()
+
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    client.set_compatibility(subject_name=f"{topic}-value", level="NONE")
+    amount_as_text = {
+        **ORDER_V1,
+        "fields": [
+            {"name": f["name"], "type": "string"} if f["name"] == "amount" else f
+            for f in ORDER_V1["fields"]
+        ],
+    }
+    texts = [{**order(i), "amount": "lots"} for i in range(5, 8)]
+    produce(
+        kafka_bootstrap, topic, avro_values(schema_registry.url, topic, amount_as_text, texts), 1
+    )
+
+    with pytest.raises(Exception) as failure:
+        Pipeline(spark, cfg).run()
+
+    sentence = reported(failure.value, "SchemaIncompatibleError")
+    assert sentence is not None, failure.value
+    assert "amount" in sentence and "double" in sentence and "string" in sentence, sentence
+    assert DeltaTable(cfg.delta.table).version() == version
+
+
+def test_the_cluster_engine_decodes_spark_kafka_columns_with_the_same_decoder(
+    spark, schema_registry
+) -> None:
+    """Spark's kafka source is not available here: its DataFrame's shape is built by hand and
+    decoded through mapInArrow, the cluster engine's path, against the read task's output."""
+    import pyarrow as pa
+    from kafka_delta.config import DecodingConfig
+    from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
+    from kafka_delta.decoding.decoder import decoder_for
+    from kafka_delta.decoding.frames import decode_frame
+    from kafka_delta.decoding.resolve import decode_spec
+
+    topic = f"cluster-{time.monotonic_ns()}"
+    values = avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(6)))
+    values.append(b"\x01garbage")
+    n = len(values)
+    kafka = pa.RecordBatch.from_arrays(
+        [
+            pa.array([b"k"] * n),
+            pa.array(values, pa.binary()),
+            pa.array([topic] * n),
+            pa.array([0] * n, pa.int32()),
+            pa.array(range(n), pa.int64()),
+            pa.array([START] * n, pa.timestamp("us", tz="UTC")),
+            pa.array([0] * n, pa.int32()),
+            pa.nulls(n, ARROW_SCHEMA.field("headers").type),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+    section = DecodingConfig.model_validate(decoding("avro", schema_registry.url))
+    spec = decode_spec(spark, section, (topic,))
+    frame = spark.createDataFrame(kafka.to_pandas(), schema=ARROW_SCHEMA_DDL)
+
+    decoded = decode_frame(frame, spec).toArrow()
+
+    expected = pa.Table.from_batches([decoder_for(spec.to_json()).decode(kafka)])
+    assert decoded.column_names == expected.column_names
+    assert (
+        decoded.select(["id", "amount", "offset", "_error"]).to_pylist()
+        == expected.select(["id", "amount", "offset", "_error"]).to_pylist()
+    )
+    assert decoded.column("_error").to_pylist()[-1]
+
+
+ARROW_SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int, headers array<struct<key: string, value: binary>>"
+)
+
+
+def test_a_crash_between_the_add_columns_commit_and_the_batch_loses_and_doubles_nothing(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, tmp_path
+) -> None:
+    """delta-rs: the new column is one commit, the batch the next. A run SIGKILLed between
+    them (crash point after_add_columns) leaves the column and no row of the batch; the
+    restart finds the column in place and lands the batch once."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(make_config([topic]), decoding("avro", schema_registry.url))
+    v1 = avro_values(schema_registry.url, topic, ORDER_V1, map(order, range(10)))
+    produce(kafka_bootstrap, topic, v1, 2)
+    Pipeline(spark, cfg).run()
+    v2 = [order(i, channel="web") for i in range(10, 20)]
+    produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, ORDER_V2, v2), 2)
+
+    config = tmp_path / "conf" / "crash.yaml"
+    config.parent.mkdir()
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
+    env.update(
+        PYTHONPATH=str(PROJECT / "src"),
+        PYSPARK_PYTHON=sys.executable,
+        KAFKA_DELTA_CRASH_AT="after_add_columns",
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # the crash point kills this process group only
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    table = DeltaTable(cfg.delta.table)
+    assert "channel" in table.schema().to_arrow().names
+    assert sorted(table_ids(cfg)) == list(range(10))
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 20)
+    rows = rows_by_id(cfg.delta.table)
+    assert {rows[i]["channel"] for i in range(10, 20)} == {"web"}

@@ -1,0 +1,346 @@
+"""Operator actions lose nothing and every restart recovers (I8, I9), on both sinks: a Delta
+RESTORE is read again, a run fenced mid-batch ends with one sentence and exit 3 and its restart
+resumes from the table, a checkpoint ahead of the table without explanation stops, dead letters
+of a range read again are neither dropped nor fenced, and a topic removed from the config keeps
+its offsets through Delta log cleanup. Real broker, real tables, real Spark, real processes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import test_graceful_stop
+import yaml
+from conftest import skip_without_connectors
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.kafka.admin import KafkaAdmin
+from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
+from kafka_delta.offsets.topic_identity import TopicRecreatedError
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.recovery.checkpoint import CheckpointMismatchError
+from kafka_delta.runtime.connectors import DELTA_SESSION_CONFS, local_connector_jars
+from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+from kafka_delta_dev.orders import transform as default_transform
+from kafka_delta_dev.produce import produce_events, produce_values
+from kafka_delta_dev.pytest_plugin import JARS_DIR
+from pyspark.sql import functions as F
+from support import assert_exactly_once, assert_offsets_agree
+from test_graceful_stop import PACKAGE, _kill_group, _slow_project, _start, _wait_for
+from test_operations import _clean_up_the_log
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+def _pipeline_versions(table_uri: str, pipeline_id: str) -> list[int]:
+    """Delta versions of the pipeline's commits, oldest first."""
+    return sorted(
+        int(c["version"])
+        for c in DeltaTable(table_uri).history()
+        if parse_user_metadata(c.get("userMetadata"), pipeline_id) is not None
+    )
+
+
+def _restore(spark, sink: str, table_uri: str, version: int) -> None:
+    """The operator's RESTORE, with the sink's own engine."""
+    if sink == "delta_spark":
+        spark.sql(f"RESTORE TABLE delta.`{table_uri}` TO VERSION AS OF {version}")
+    else:
+        DeltaTable(table_uri).restore(version)
+
+
+def _set_aside(checkpoint: str) -> list[Path]:
+    return sorted(Path(checkpoint).parent.glob(f"{Path(checkpoint).name}.set-aside-*"))
+
+
+def test_a_delta_restore_is_read_again_with_the_checkpoint_kept_or_deleted(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, engine=sink_engine, max_records_per_trigger=100)
+    Pipeline(spark, cfg).run()
+    versions = _pipeline_versions(cfg.delta.table, cfg.pipeline_id)
+    assert len(versions) == 3
+    # The operator undoes the last batch: its 100 records must be read again, not skipped.
+    _restore(spark, sink_engine["sink"], cfg.delta.table, versions[1])
+    produce_events(kafka_bootstrap, topics, 50, first_id=300)
+
+    Pipeline(spark, cfg).run()  # the checkpoint kept: it is ahead of the restored table
+
+    assert_exactly_once(cfg, 350)
+    assert_offsets_agree(cfg)
+    assert len(_set_aside(cfg.checkpoint)) == 1
+
+    # Restored again, to the first batch, with the checkpoint deleted this time.
+    _restore(spark, sink_engine["sink"], cfg.delta.table, versions[0])
+    shutil.rmtree(cfg.checkpoint)
+    Pipeline(spark, cfg).run()
+    assert_exactly_once(cfg, 350)
+    assert_offsets_agree(cfg)
+
+
+def test_a_restore_to_before_the_pipelines_first_commit_reads_everything_again(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    """The table existed (empty) before the pipeline; a RESTORE to that version leaves no
+    stored offsets at all, and the kept checkpoint, which read everything, is set aside."""
+    import pyarrow as pa
+
+    topics = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, topics, 100)
+    probe = make_config(topics).with_overrides(
+        **{"delta.table": str(tmp_path / "probe"), "checkpoint": str(tmp_path / "probe-cp")}
+    )
+    Pipeline(spark, probe).run()
+    cfg = make_config(topics, max_records_per_trigger=50)
+    empty = pa.schema(DeltaTable(probe.delta.table).schema().to_arrow()).empty_table()
+    write_deltalake(cfg.delta.table, empty)
+    Pipeline(spark, cfg).run()
+    DeltaTable(cfg.delta.table).restore(0)
+    produce_events(kafka_bootstrap, topics, 20, first_id=100)
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 120)
+    assert_offsets_agree(cfg)
+    assert len(_set_aside(cfg.checkpoint)) == 1
+
+
+def test_a_checkpoint_ahead_of_the_table_without_restore_or_reset_stops_with_one_sentence(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    topics = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, topics, 60)
+    cfg = make_config(topics)
+    Pipeline(spark, cfg).run()
+    # A foreign tool writes a commit of the pipeline with lower offsets and no reset record:
+    # nothing says which records to read again.
+    table = DeltaTable(cfg.delta.table)
+    record = BatchCommit(cfg.pipeline_id, "elsewhere.x", 0, {topics[0]: {0: 20}}, seq=99)
+    write_deltalake(
+        cfg.delta.table,
+        table.to_pyarrow_table().schema.empty_table(),
+        mode="append",
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": record.user_metadata()}
+        ),
+    )
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(CheckpointMismatchError, match="is ahead of table's stored offsets"):
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version
+    assert Path(cfg.checkpoint).is_dir() and not _set_aside(cfg.checkpoint)
+
+
+def _strict(df):
+    """The "fixed" transform: also rejects ids ending in 3, which the first one accepted."""
+    out = default_transform(df)
+    rejected = F.when(F.col("id") % 10 == 3, F.lit("rejected by the fixed transform"))
+    return out.withColumn(DEAD_LETTER_COLUMN, F.coalesce(F.col(DEAD_LETTER_COLUMN), rejected))
+
+
+def test_dead_letters_of_a_range_read_again_reach_the_dead_letter_table_once_and_fence_nothing(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 40)
+    cfg = make_config([topic], engine=sink_engine, max_records_per_trigger=20)
+    Pipeline(spark, cfg).run()
+    before_the_bad_ones = _pipeline_versions(cfg.delta.table, cfg.pipeline_id)[-1]
+    produce_events(kafka_bootstrap, [topic], 40, first_id=40)
+    produce_values(kafka_bootstrap, topic, [(0, b"not json"), (1, b"{broken")])
+    # One large batch: the dead-letter table's stored offsets end past everything.
+    Pipeline(spark, cfg.with_overrides(**{"kafka.max_records_per_trigger": 1000})).run()
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table()
+    assert sorted(dead["value"].to_pylist()) == [b"not json", b"{broken"]
+
+    # Replay after a fix: the second run is undone and read again, in small batches, by a
+    # transform that rejects records the old one accepted. The range lies below the offsets
+    # the dead-letter table stores, and each small batch ends below them too.
+    _restore(spark, sink_engine["sink"], cfg.delta.table, before_the_bad_ones)
+    Pipeline(spark, cfg, transform=_strict).run()
+
+    # Every record's position is in exactly one of the two tables, exactly once.
+    main = DeltaTable(cfg.delta.table).to_pyarrow_table()
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table()
+    held = [
+        *zip(main["partition"].to_pylist(), main["offset"].to_pylist(), strict=True),
+        *zip(dead["partition"].to_pylist(), dead["offset"].to_pylist(), strict=True),
+    ]
+    assert len(held) == len(set(held)), "a record is in the tables twice"
+    latest = KafkaAdmin(cfg.kafka.client_config()).latest({topic: [0, 1]})[topic]
+    assert set(held) == {(p, o) for p, end in latest.items() for o in range(end)}
+    # The records the fixed transform rejects are dead letters now; the old bad ones still are.
+    errors = dead["error"].to_pylist()
+    assert errors.count("rejected by the fixed transform") == sum(
+        1 for i in range(40, 80) if i % 10 == 3
+    )
+    assert len(errors) == 2 + errors.count("rejected by the fixed transform")
+
+
+def test_a_removed_topic_keeps_its_offsets_through_log_cleanup_and_is_not_read_twice(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    kept, removed = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, [kept, removed], 200)
+    both = make_config([kept, removed])
+    Pipeline(spark, both).run()
+    only_kept = both.with_overrides(**{"kafka.topics": [kept]})
+    _clean_up_the_log(both.delta.table)
+    shutil.rmtree(both.checkpoint)  # the config change comes with a new checkpoint
+    produce_events(kafka_bootstrap, [kept], 60, first_id=200)
+    Pipeline(spark, only_kept).run()  # its commit, made after cleanup, does not name the topic
+
+    stored = DeltaRsOffsetStore(both.delta.table, both.pipeline_id).read(
+        lambda: {removed: [0, 1], kept: [0, 1]}
+    )
+    assert stored is not None and sum(stored.offsets[removed].values()) == 100
+    produce_events(kafka_bootstrap, [removed], 40, first_id=260)
+    Pipeline(spark, both).run()  # re-added: resumes where it stopped
+
+    assert_exactly_once(both, 300)
+    assert_offsets_agree(both)
+
+
+# Appended after tests/test_graceful_stop.py's slow transform: a read task, after its sleep,
+# waits while the file HOLD_FILE exists, so the test decides when a running batch may commit.
+HELD_TRANSFORM = """
+
+def _held(batches):
+    while _Path(_os.environ["HOLD_FILE"]).exists():
+        _time.sleep(0.1)
+    yield from batches
+
+
+def transform(df):
+    return _fast_transform(df.mapInArrow(_slow, df.schema).mapInArrow(_held, df.schema))
+"""
+
+
+def test_a_run_fenced_mid_batch_exits_3_in_one_sentence_and_both_checkpoints_restart_exactly(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path: Path, monkeypatch
+) -> None:
+    """Two real runs of one pipeline race on one table: the one whose batch another run
+    overtakes is fenced (exit 3, one sentence, no stack trace); then both checkpoints are
+    restarted and both finish with exit 0, every record once."""
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 3000)
+    root, config = _slow_project(tmp_path, kafka_bootstrap, topic)
+    with (root / "src" / PACKAGE / "transform.py").open("a", encoding="utf-8") as out:
+        out.write(HELD_TRANSFORM)
+    conf = yaml.safe_load(config.read_text())
+    conf["engine"] = sink_engine
+    conf["trigger"] = {"mode": "available_now"}
+    if sink_engine["sink"] == "delta_spark":
+        conf.setdefault("spark", {}).setdefault("conf", {}).update(
+            {"spark.jars": ",".join(local_connector_jars(JARS_DIR)), **DELTA_SESSION_CONFS}
+        )
+    config.write_text(yaml.safe_dump(conf))
+    marks, log, hold = tmp_path / "marks", tmp_path / "slow.log", tmp_path / "hold"
+    marks.mkdir()
+    monkeypatch.setattr(test_graceful_stop, "SLOW_SECONDS", 3.0)
+    monkeypatch.setenv("HOLD_FILE", str(hold))
+    slow = _start(root, config, "python", marks, log)
+    try:
+        _wait_for(lambda: "batch=0 " in log.read_text(), slow, log, "batch 0")
+        hold.touch()  # batch 1's read tasks are still asleep: they wait for the file to go
+        # Meanwhile another checkpoint of the pipeline takes the table past batch 1.
+        other = make_config([topic], engine=sink_engine).with_overrides(
+            **{
+                "pipeline_id": conf["pipeline_id"],
+                "delta.table": conf["delta"]["table"],
+                "dead_letters.table": conf["dead_letters"]["table"],
+                "checkpoint": str(tmp_path / "other"),
+            }
+        )
+        Pipeline(spark, other).run()
+        hold.unlink()
+        assert slow.wait(timeout=300) == 3, log.read_text()[-3000:]
+    finally:
+        hold.unlink(missing_ok=True)
+        _kill_group(slow)
+    output = log.read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "restart the pipeline" in errors[0], output[-3000:]
+    assert "Traceback" not in output and "\tat " not in output, output[-3000:]
+
+    # Both checkpoints restart: each finishes with exit 0, every record once.
+    produce_events(kafka_bootstrap, [topic], 200, first_id=3000)
+    slow = _start(root, config, "python", marks, log)
+    try:
+        assert slow.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        _kill_group(slow)
+    assert len(_set_aside(conf["checkpoint"])) == 1
+    produce_events(kafka_bootstrap, [topic], 100, first_id=3200)
+    Pipeline(spark, other).run()
+    assert_exactly_once(other, 3300)
+    assert_offsets_agree(other)
+
+
+def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, empty, under the same name (a new topic id)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+    from kafka_delta_dev.produce import ensure_topics
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ensure_topics(bootstrap, [topic], partitions)
+
+
+def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config_says(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 10)
+    cfg = make_config([topic])
+    Pipeline(spark, cfg).run()
+    # The new topic holds more records than the old one's stored offset: Kafka's own check
+    # (an offset past the end) cannot see that its first 10 records would be skipped.
+    _recreate(kafka_bootstrap, topic, 1)
+    produce_events(kafka_bootstrap, [topic], 30, first_id=10)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(TopicRecreatedError, match="deleted and created again"):
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version
+
+    allowed = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    Pipeline(spark, allowed).run()
+    assert_exactly_once(allowed, 40)
+    assert_offsets_agree(allowed)
+
+
+def test_the_offsets_commands_read_a_cleaned_up_delta_spark_table_through_its_commit_copy(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path, capsys
+) -> None:
+    """show, verify and reset read stored offsets with the pipeline's own reader: after log
+    cleanup, a delta-spark table's offsets are in the copy of its last commit."""
+    import json
+
+    from test_offsets_cli import _cli
+
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 100)
+    cfg = make_config(topics, engine=engine)
+    Pipeline(spark, cfg).run()
+    _clean_up_the_log(cfg.delta.table)
+
+    status, out, err = _cli(cfg, tmp_path, capsys, "show", "--json")
+    assert status == 0, err
+    stored = json.loads(out)["stored"]
+    assert sum(stored["offsets"][topics[0]].values()) == 100, stored
+    status, out, err = _cli(cfg, tmp_path, capsys, "reset", "--to-current", "--execute")
+    assert status == 0, err + out
+    status, out, err = _cli(cfg, tmp_path, capsys, "verify")
+    assert status in (0, 1) and "no commit copy" not in err, err
