@@ -11,6 +11,9 @@ import pytest
 from kafka_delta.config import PipelineConfig
 from kafka_delta_dev.orders import TRANSFORM as ORDERS
 
+# Spark's kafka source as the tests stand it in where its jars cannot be had.
+STANDIN = "kafka_delta_dev.spark_kafka_standin:SparkKafkaStandIn"
+
 
 @pytest.fixture
 def make_config(make_config) -> Callable[..., PipelineConfig]:
@@ -24,13 +27,14 @@ def make_config(make_config) -> Callable[..., PipelineConfig]:
 
 
 def engine_config(name: str) -> dict[str, str]:
-    """``engine:`` of a config for a parametrized engine id (a preset, or source+sink)."""
+    """``engine:`` of a config for a parametrized engine id (a preset, or source+sink;
+    ``standin``: the stand-in for Spark's kafka source, kafka_delta_dev.spark_kafka_standin)."""
     from kafka_delta.config import ENGINE_PRESETS
 
     if name in ENGINE_PRESETS:
         return dict(ENGINE_PRESETS[name])
     source, sink = name.split("+")
-    return {"source": source, "sink": sink}
+    return {"source": STANDIN if source == "standin" else source, "sink": sink}
 
 
 def skip_without_connectors(spark, engine: dict[str, str]) -> None:

@@ -382,8 +382,8 @@ def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guaran
 ) -> None:
     # A table with a reader feature delta-rs lacks (or on a file system it cannot reach): the
     # sink says so once and reads the log through Spark; fence, replay and read-back hold.
-    from kafka_delta.sinks.delta_spark import offset_store
     from kafka_delta.offsets.fencing import FencingError
+    from kafka_delta.sinks.delta_spark import offset_store
 
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     sink = new_sink()

@@ -67,6 +67,10 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
         (lambda d: d["delta"].update(tabel="typo"), "delta.tabel: unknown key"),
         (lambda d: d.update(engine="cluster-of-dreams"), "engine"),
         (lambda d: d.update(engine={"source": "embedded", "sink": "hive"}), "engine.sink"),
+        (
+            lambda d: d.update(engine={"source": "kafka-ish", "sink": "delta_rs"}),
+            "is not a source: embedded, spark_kafka, or module:Class",
+        ),
         (lambda d: d["delta"].update(mode="upsert"), "needs merge_keys"),
         (lambda d: d["delta"].update(merge_keys=["id"]), "only apply to mode: upsert"),
         (lambda d: d["delta"].update(schema_evolution="sometimes"), "delta.schema_evolution"),

@@ -25,7 +25,16 @@ from support import assert_exactly_once, assert_offsets_agree, forget_last_spark
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 SINKS = ["delta_rs", "delta_spark"]
-ENGINES = ["embedded", "cluster", "embedded+delta_spark", "spark_kafka+delta_rs"]
+# Every mix of the two sources and two sinks; Spark's kafka source also through its stand-in
+# (kafka_delta_dev.spark_kafka_standin), which runs where the connector's jars cannot be had.
+ENGINES = [
+    "embedded",
+    "cluster",
+    "embedded+delta_spark",
+    "spark_kafka+delta_rs",
+    "standin+delta_rs",
+    "standin+delta_spark",
+]
 
 
 @pytest.fixture(params=SINKS)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import STANDIN
 from deltalake import DeltaTable
 from kafka_delta.config import PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin
@@ -59,9 +60,11 @@ def transform(df):
 """
 
 
-def _slow_project(tmp_path: Path, bootstrap: str, topic: str) -> tuple[Path, Path]:
+def _slow_project(
+    tmp_path: Path, bootstrap: str, topic: str, engine: dict[str, str] | None = None
+) -> tuple[Path, Path]:
     """A copy of this project (src, scripts, conf, schemas) with the slow transform, and its
-    config."""
+    config (``engine``: another than conf/local.yaml's)."""
     root = tmp_path / "project"
     for part in ("src", "scripts", "conf", "schemas"):
         shutil.copytree(PROJECT / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -78,6 +81,8 @@ def _slow_project(tmp_path: Path, bootstrap: str, topic: str) -> tuple[Path, Pat
     conf["dead_letters"]["table"] = str(tmp_path / "dead_letters")
     conf["checkpoint"] = str(tmp_path / "checkpoint")
     conf["trigger"] = {"mode": "processing_time", "interval_seconds": 1}
+    if engine is not None:
+        conf["engine"] = engine
     config = root / "conf" / "stop.yaml"
     config.write_text(yaml.safe_dump(conf), encoding="utf-8")
     return root, config
@@ -172,22 +177,36 @@ def _assert_committed_batches_exactly_once(config: PipelineConfig, last_batch: i
 @pytest.mark.spark
 @pytest.mark.broker
 @pytest.mark.parametrize(
-    ("launcher", "target", "signum"),
+    ("launcher", "target", "signum", "source"),
     [
-        ("spark-submit", "pid", signal.SIGTERM),  # kill <pid>: Spark's JVM forwards it
-        ("python -m", "group", signal.SIGINT),  # Ctrl-C in a terminal
-        ("spark-submit", "group", signal.SIGTERM),  # systemd, docker: JVM and driver get it
+        ("spark-submit", "pid", signal.SIGTERM, None),  # kill <pid>: Spark's JVM forwards it
+        ("python -m", "group", signal.SIGINT, None),  # Ctrl-C in a terminal
+        ("spark-submit", "group", signal.SIGTERM, None),  # systemd, docker: JVM and driver
+        # The cluster path's driver, on the stand-in of Spark's kafka source.
+        ("python -m", "group", signal.SIGTERM, STANDIN),
     ],
-    ids=["spark-submit-kill-pid", "python-ctrl-c", "spark-submit-group-sigterm"],
+    ids=[
+        "spark-submit-kill-pid",
+        "python-ctrl-c",
+        "spark-submit-group-sigterm",
+        "spark-kafka-standin-group-sigterm",
+    ],
 )
 def test_a_signal_during_a_batch_finishes_it_stops_and_exits_0(
-    kafka_bootstrap, new_topics, tmp_path: Path, launcher: str, target: str, signum: int
+    kafka_bootstrap,
+    new_topics,
+    tmp_path: Path,
+    launcher: str,
+    target: str,
+    signum: int,
+    source: str | None,
 ) -> None:
     if launcher == "spark-submit" and not (Path(sys.executable).parent / "spark-submit").exists():
         pytest.skip("spark-submit is not next to this interpreter (pyspark installs it there)")
     (topic,) = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, [topic], RECORDS)
-    root, config_path = _slow_project(tmp_path, kafka_bootstrap, topic)
+    engine = None if source is None else {"source": source, "sink": "delta_rs"}
+    root, config_path = _slow_project(tmp_path, kafka_bootstrap, topic, engine)
     marks, log = tmp_path / "marks", tmp_path / "run.log"
     marks.mkdir()
     proc = _start(root, config_path, launcher, marks, log)

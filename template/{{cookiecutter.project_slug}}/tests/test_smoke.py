@@ -20,7 +20,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from kafka_delta import load_config
 from kafka_delta_dev.produce import produce_events
+from kafka_delta_dev.pytest_plugin import connector_conf
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -47,6 +49,9 @@ def _config(tmp_path: Path, bootstrap: str, topics: list[str]) -> Path:
     conf["checkpoint"] = str(tmp_path / "checkpoint")
     conf["progress"]["path"] = str(tmp_path / "progress.jsonl")
     conf["trigger"]["interval_seconds"] = 1
+    # The cluster engine's connector jars, where this machine has them (else a skip, saying so).
+    engine = load_config(PROJECT / "conf" / "local.yaml").engine
+    conf["spark"]["conf"].update(connector_conf(engine.source, engine.sink))
     path = tmp_path / "conf" / "smoke.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(conf), encoding="utf-8")

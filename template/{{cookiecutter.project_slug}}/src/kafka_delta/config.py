@@ -343,9 +343,24 @@ ENGINE_PRESETS: dict[str, dict[str, str]] = {
 }
 
 
+# A source of one's own, ``module:Class``: a class implementing kafka_delta.engine.Source,
+# built with the PipelineConfig (kafka_delta_dev's stand-in for Spark's kafka source is one).
+_CUSTOM_SOURCE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
 class EngineConfig(_Model):
-    source: SourceKind = "embedded"
+    source: SourceKind | str = "embedded"
     sink: SinkKind = "delta_rs"
+
+    @field_validator("source")
+    @classmethod
+    def _known_or_named_class(cls, value: str) -> str:
+        if value in ("embedded", "spark_kafka") or _CUSTOM_SOURCE_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not a source: embedded, spark_kafka, or module:Class of a source of "
+            "your own"
+        )
 
     @model_validator(mode="before")
     @classmethod

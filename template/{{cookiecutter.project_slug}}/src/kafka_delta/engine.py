@@ -146,6 +146,11 @@ class Source(Protocol):
     # added to a topic) starts: True, at the offset the table stores for it (else its
     # earliest); False, always at its earliest (Spark's kafka source).
     new_partitions_start_at_stored_offsets: bool
+    # Whether a checkpoint that planned batches can take topics out of its subscription and
+    # resume a re-added one at the offset the table stores (the embedded source); where not
+    # (Spark's kafka source: data loss, or a re-read from the earliest offset), the pipeline
+    # starts a new checkpoint from the table instead.
+    follows_subscription_changes: bool
 
     def stream(
         self,

@@ -1,7 +1,9 @@
 """Builds the engine ``config.engine`` names: the one place that imports the implementations
-(:mod:`.embedded`, :mod:`.cluster`); :mod:`.engine` names the contract alone."""
+(:mod:`.sources`, :mod:`.sinks`); :mod:`.engine` names the contract alone."""
 
 from __future__ import annotations
+
+import importlib
 
 from pyspark.sql import SparkSession
 
@@ -12,6 +14,27 @@ from kafka_delta.runtime.connectors import (
     missing_connectors,
     required_connectors,
 )
+
+
+def build_source(config: PipelineConfig) -> Source:
+    """The source ``config.engine.source`` names: ``embedded``, ``spark_kafka``, or
+    ``module:Class``, a source of one's own built with the config."""
+    if config.engine.source == "embedded":
+        from kafka_delta.sources.embedded import EmbeddedSource
+
+        return EmbeddedSource(config.kafka)
+    if config.engine.source == "spark_kafka":
+        from kafka_delta.sources.spark_kafka import SparkKafkaSource
+
+        return SparkKafkaSource(config.kafka)
+    module_name, _, class_name = config.engine.source.partition(":")
+    try:
+        source_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConnectorMissingError(
+            f"engine.source {config.engine.source!r} cannot be imported ({exc})"
+        ) from None
+    return source_class(config)
 
 
 def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
@@ -39,15 +62,7 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
         add_columns=config.delta.schema_evolution == "add_columns",
     )
     dead_table = config.dead_letter_table
-    source: Source
-    if config.engine.source == "embedded":
-        from kafka_delta.sources.embedded import EmbeddedSource
-
-        source = EmbeddedSource(config.kafka)
-    else:
-        from kafka_delta.sources.spark_kafka import SparkKafkaSource
-
-        source = SparkKafkaSource(config.kafka)
+    source = build_source(config)
 
     options = config.delta.storage_options
     if config.engine.sink == "delta_rs":

@@ -218,7 +218,42 @@ class Pipeline:
             raise CheckpointMismatchError(verdict.reason)
         if verdict.action == "set_aside":
             self.set_aside_as = set_aside(self.spark, self.checkpoint, verdict.reason)
+        elif stored is not None and (reason := self._subscription_the_plan_cannot_follow(stored)):
+            # Nothing is lost: the table stores where every topic ended (a dropped topic's
+            # offsets are kept for a re-add), and a new checkpoint starts from the table.
+            self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
         return stored
+
+    def _subscription_the_plan_cannot_follow(self, stored: StoredOffsets) -> str | None:
+        """Why the checkpoint cannot go on with today's ``kafka.topics`` on a source that does
+        not follow a changed subscription on a checkpoint (Spark's kafka source), or None.
+
+        Spark's kafka source takes a partition its last plan names and the subscription no
+        longer has for data loss ("... are gone"), on every restart of the checkpoint; and it
+        starts a topic new to its plan at the earliest offset, so a topic re-added after a stop
+        would be read again from its start where the table stores where it ended (and be
+        fenced on every restart). The embedded source handles both on the same checkpoint."""
+        if self.engine.source.follows_subscription_changes:
+            return None
+        planned = self.checkpoint.newest_planned()
+        if planned is None:
+            return None
+        plan = set(self.checkpoint.end_offsets(planned))
+        dropped = sorted(plan - set(self.config.kafka.topics))
+        readded = sorted(
+            t for t in self.config.kafka.topics if t not in plan and stored.offsets.get(t)
+        )
+        if not dropped and not readded:
+            return None
+        changes = [f"topic(s) {', '.join(dropped)} left kafka.topics"] if dropped else []
+        if readded:
+            changes.append(
+                f"topic(s) {', '.join(readded)} came back, and the table stores where they ended"
+            )
+        return (
+            f"{' and '.join(changes)}; Spark's kafka source cannot follow that on a checkpoint "
+            "that planned batches"
+        )
 
     def _log_resume_point(self, stored: StoredOffsets | None) -> None:
         """Say where this run starts: Spark resumes from its checkpoint once it planned a batch

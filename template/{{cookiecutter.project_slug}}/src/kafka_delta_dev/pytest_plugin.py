@@ -19,6 +19,9 @@ Fixtures:
   :class:`kafka_delta.PipelineConfig` on fresh table and checkpoint paths under ``tmp_path``;
 - ``schema_registry``: the development Schema Registry (``.url``; ``.down()`` for outages);
 - ``object_store``: an S3 API (moto's server) for tables in a bucket.
+
+:func:`connector_conf` gives a run in a process of its own the jars of an engine that needs
+them (the cluster engine), or skips the test with the reason when this machine has none.
 """
 
 from __future__ import annotations
@@ -61,6 +64,35 @@ WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
 JARS_DIR = os.environ.get("KAFKA_DELTA_JARS") or None
 NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
 NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
+
+
+def connector_conf(source: str, sink: str) -> dict[str, str]:
+    """The Spark confs a run of the engine ``source`` + ``sink`` in a process of its own needs
+    for its connector jars on this machine (``{}`` for the embedded engine); skips the calling
+    test, with the reason the suite reports, when they cannot be had here."""
+    from pathlib import Path
+
+    from kafka_delta.runtime.connectors import (
+        DELTA_SESSION_CONFS,
+        connector_packages,
+        connectors_missing_reason,
+        local_connector_jars,
+        required_connectors,
+    )
+
+    needed = required_connectors(source, sink)
+    if not needed:
+        return {}
+    if WITH_CONNECTORS:
+        return {"spark.jars.packages": ",".join(connector_packages()), **DELTA_SESSION_CONFS}
+    if JARS_DIR:
+        has_kafka = any(Path(JARS_DIR).expanduser().glob("spark-sql-kafka*.jar"))
+        missing = [] if has_kafka else [c for c in needed if c == "spark-sql-kafka"]
+        if not missing:
+            jars = ",".join(local_connector_jars(JARS_DIR))
+            return {"spark.jars": jars, **DELTA_SESSION_CONFS}
+        pytest.skip(connectors_missing_reason(missing))
+    pytest.skip(connectors_missing_reason(needed))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,7 +2,8 @@
 they are there, where to get them, and why a session lacks them. Used by the factory, the run
 scripts and the tests; imports no engine.
 
-``python -m <package>.connectors`` prints the Maven coordinates for ``spark-submit --packages``.
+``python -m kafka_delta.runtime.connectors`` prints the Maven coordinates for
+``spark-submit --packages``.
 """
 
 from __future__ import annotations

@@ -251,6 +251,16 @@ def _exit_now(status: int) -> None:
     os._exit(status)
 
 
+# The module Spark's JVM runs (python -m) to host a streaming reader for the whole query.
+_PLANNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def in_spark_planner() -> bool:
+    """This process is the one Spark's JVM starts to plan a Python source's micro-batches."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name == _PLANNER_MODULE
+
+
 def ignore_stop_signals_in_spark_helper() -> None:
     """In a Python process Spark's JVM starts for the driver (the streaming source's
     planner): ignore SIGTERM and SIGINT, which a process-group signal delivers there too. The

@@ -45,6 +45,7 @@ class EmbeddedSource:
     """Python data source on confluent-kafka: needs no JVM connector jars."""
 
     new_partitions_start_at_stored_offsets = True
+    follows_subscription_changes = True
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka

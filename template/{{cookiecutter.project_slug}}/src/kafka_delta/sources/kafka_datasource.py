@@ -28,7 +28,6 @@ import bisect
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,21 +55,13 @@ from kafka_delta.offsets.model import (
     starting_offsets_from_option,
 )
 from kafka_delta.runtime.faults import crash_point
-from kafka_delta.runtime.graceful_stop import ignore_stop_signals_in_spark_helper
+from kafka_delta.runtime.graceful_stop import ignore_stop_signals_in_spark_helper, in_spark_planner
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "kafka_embedded"
 
 _ROWS_PER_ARROW_BATCH = 50_000
-
-# The module Spark's JVM runs (python -m) to host a streaming reader for the whole query.
-_PLANNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
-
-
-def _in_spark_planner() -> bool:
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and spec.name == _PLANNER_MODULE
 
 
 class DataLossError(RuntimeError):
@@ -231,7 +222,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans offset ranges in the planning process; reads them in executors."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        if _in_spark_planner():
+        if in_spark_planner():
             # Ctrl-C or a process-group SIGTERM reaches this process too, and it would die
             # under the batch the driver is finishing ("Python worker exited unexpectedly").
             # The driver stops the query; Spark then ends this process.

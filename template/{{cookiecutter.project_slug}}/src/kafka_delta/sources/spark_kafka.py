@@ -86,6 +86,7 @@ class SparkKafkaSource:
     assigns partitions itself and keeps offsets in the checkpoint)."""
 
     new_partitions_start_at_stored_offsets = False
+    follows_subscription_changes = False
 
     def __init__(self, kafka: KafkaConfig, admin: KafkaAdmin | None = None) -> None:
         self.kafka = kafka
@@ -122,10 +123,15 @@ class SparkKafkaSource:
         except Exception:  # Spark Connect has no SparkContext
             parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
         options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
-        df = spark.readStream.format("kafka").options(**options).load()
+        df = self.read_stream(spark, options)
         if decode is None:
             return df
         # The same decoder as the embedded source's read task, in the executors.
         from kafka_delta.decoding.frames import decode_frame
 
         return decode_frame(df, decode)
+
+    def read_stream(self, spark: SparkSession, options: dict[str, str]) -> DataFrame:
+        """Spark's ``kafka`` format with ``options``: the one step a stand-in of Spark's kafka
+        source (kafka_delta_dev.spark_kafka_standin, for tests without the connector) replaces."""
+        return spark.readStream.format("kafka").options(**options).load()
