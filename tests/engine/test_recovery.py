@@ -7,6 +7,8 @@ its offsets through Delta log cleanup. Real broker, real tables, real Spark, rea
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ import test_graceful_stop
 import yaml
 from conftest import skip_without_connectors
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+from kafka_delta.cli import main
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
@@ -26,7 +30,7 @@ from kafka_delta_dev.orders import transform as default_transform
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR
 from pyspark.sql import functions as F
-from support import assert_exactly_once, assert_offsets_agree
+from support import assert_exactly_once, assert_offsets_agree, table_ids
 from test_graceful_stop import PACKAGE, _kill_group, _slow_project, _start, _wait_for
 from test_operations import _clean_up_the_log
 
@@ -78,6 +82,81 @@ def test_a_delta_restore_is_read_again_with_the_checkpoint_kept_or_deleted(
     shutil.rmtree(cfg.checkpoint)
     Pipeline(spark, cfg).run()
     assert_exactly_once(cfg, 350)
+    assert_offsets_agree(cfg)
+
+
+def _continuous(spark, cfg) -> tuple[Pipeline, threading.Thread, list[BaseException]]:
+    """The pipeline running continuously (a batch a second) in a thread of this process."""
+    pipeline = Pipeline(
+        spark,
+        cfg.with_overrides(**{"trigger.mode": "processing_time", "trigger.interval_seconds": 1}),
+    )
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run()
+        except BaseException as exc:  # the fenced run's end, checked by the test
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return pipeline, thread, failures
+
+
+def _rows(cfg) -> int:
+    try:
+        return sum(table_ids(cfg).values())
+    except TableNotFoundError:
+        return 0
+
+
+def _until(condition, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("move", ["restore", "reset"])
+def test_a_restore_or_reset_while_a_continuous_run_idles_fences_it_and_every_restart_recovers(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, move: str, tmp_path: Path
+) -> None:
+    """The operator's move lands while the run waits between batches; the batch the run plans
+    after it is fenced (its start is not the table's); the checkpoint is then ahead of the table
+    by a move made after the checkpoint's last commit, judged by Delta versions, not by when the
+    batch was planned. The restart sets it aside and reads the records again, exactly once."""
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 200)
+    cfg = make_config(topics, engine=sink_engine, max_records_per_trigger=100)
+    pipeline, thread, failures = _continuous(spark, cfg)
+    try:
+        _until(lambda: _rows(cfg) == 200, "200 rows from the continuous run")
+        versions = _pipeline_versions(cfg.delta.table, cfg.pipeline_id)
+        if move == "restore":
+            _restore(spark, sink_engine["sink"], cfg.delta.table, versions[0])
+        else:
+            config = tmp_path / "conf" / "reset.yaml"
+            config.parent.mkdir()
+            config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+            # A reset the run's lease does not stop (a lease on another host, --no-run-check).
+            argv = ["offsets", "reset", "--config", str(config), "--to-earliest"]
+            assert main([*argv, "--allow-rewind", "--no-run-check", "--execute"]) == 0
+        produce_events(kafka_bootstrap, topics, 40, first_id=200)  # the run plans a batch
+        thread.join(120)
+    finally:
+        pipeline.request_stop()
+        thread.join(60)
+    assert failures and "does not start where the table ends" in str(failures[0])
+    assert "restart the pipeline: it resumes from the table" in str(failures[0])
+
+    for _ in range(2):  # every restart recovers, the first one by itself
+        Pipeline(spark, cfg).run()
+    expected = 240 if move == "restore" else 240 + 200  # a reset to earliest reads all again
+    ids = table_ids(cfg)
+    assert set(ids) == set(range(240))
+    assert sum(ids.values()) == expected
+    assert len(_set_aside(cfg.checkpoint)) == 1
     assert_offsets_agree(cfg)
 
 

@@ -140,6 +140,11 @@ class OffsetStore(Protocol):
         None when the pipeline never committed to the table."""
         ...
 
+    def commit_version(self, app_id: str) -> int | None:
+        """The Delta version of the newest commit made under ``app_id`` (one checkpoint) in the
+        retained log, whether a RESTORE undid it or not; None when the log holds none."""
+        ...
+
 
 class Source(Protocol):
     # Where a partition new to the checkpoint (a topic added to the subscription, partitions

@@ -213,7 +213,12 @@ class Pipeline:
                 reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
                 self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
             return forgotten
-        verdict = judge(self.checkpoint, stored, self.config.pipeline_id)
+        verdict = judge(
+            self.checkpoint,
+            stored,
+            self.config.pipeline_id,
+            self.engine.offset_store.commit_version,
+        )
         if verdict.action == "stop":
             raise CheckpointMismatchError(verdict.reason)
         if verdict.action == "set_aside":

@@ -228,3 +228,21 @@ def newest_stored_paged(
                 return StoredOffsets({}, None, None, None, restore=restore)
             return replace(stored, restore=restore)
     return None
+
+
+def newest_commit_version(
+    history: Callable[[int | None], Sequence[Mapping[str, object]]], pipeline_id: str, app_id: str
+) -> int | None:
+    """The Delta version of the newest commit of the pipeline made under ``app_id`` (one
+    checkpoint) in the retained log, whether a RESTORE undid it or not; None when the log holds
+    none (never committed, or log cleanup removed them). Where a checkpoint's work stands
+    against the table's other commits: a position, never a clock."""
+    for limit in HISTORY_PAGES:
+        page = history(limit)
+        for entry in page:
+            record = parse_user_metadata(entry.get("userMetadata"), pipeline_id)
+            if record is not None and record.app_id == app_id:
+                return int(entry["version"])  # type: ignore[call-overload]
+        if limit is None or len(page) < limit:
+            return None
+    return None

@@ -108,21 +108,6 @@ class CheckpointLog:
             raise CheckpointMismatchError(f"offset log entry {where} has no offset for its source")
         return sources[0]
 
-    def newest_plan_ms(self) -> int | None:
-        """When Spark planned this checkpoint's newest batch (``batchTimestampMs`` of the
-        newest ``offsets/<batch_id>`` entry, epoch ms), or None before the first plan."""
-        batches = self._batch_ids("offsets")
-        if not batches:
-            return None
-        text = self._read(f"offsets/{max(batches)}") or ""
-        lines = text.splitlines()
-        try:
-            return int(json.loads(lines[1])["batchTimestampMs"])
-        except (IndexError, KeyError, TypeError, ValueError):
-            raise CheckpointMismatchError(
-                f"{self.location}/offsets/{max(batches)} has no batch timestamp"
-            ) from None
-
     def newest_planned(self) -> int | None:
         """The newest batch id Spark planned (``offsets/``), or None before the first plan."""
         batches = self._batch_ids("offsets")

@@ -11,8 +11,9 @@ position the checkpoint would resume from is compared with the table's stored of
   (renamed, kept, named in the log) and the run resumes from the table: nothing is lost, since
   everything below the table's offsets is in it;
 - **ahead of the table, after an operator's explicit move** (a Delta RESTORE, an ``offsets
-  reset`` with rewind, made after the checkpoint planned its newest batch): set aside as well;
-  the run reads the records again from the offsets the operator chose;
+  reset`` with rewind, committed after the checkpoint's last commit to the table: positions in
+  the Delta log, never clocks): set aside as well; the run reads the records again from the
+  offsets the operator chose;
 - **ahead of the table without one**: the table lost commits the checkpoint saw (a table
   replaced or rolled back outside Delta's RESTORE). Nothing explains which records to re-read,
   so the run stops with one sentence.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -52,8 +54,15 @@ def _resume_position(checkpoint: CheckpointLog) -> tuple[int, bool, Offsets | No
     return planned, False, checkpoint.initial_offsets()
 
 
-def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: str) -> Verdict:
-    """The verdict on a checkpoint that planned at least one batch, against ``stored``."""
+def judge(
+    checkpoint: CheckpointLog,
+    stored: StoredOffsets | None,
+    pipeline_id: str,
+    commit_version: Callable[[str], int | None],
+) -> Verdict:
+    """The verdict on a checkpoint that planned at least one batch, against ``stored``;
+    ``commit_version(app_id)``: the Delta version of the table's newest commit made by a
+    checkpoint (:func:`..offsets.stored.newest_commit_version`)."""
     if stored is None or not checkpoint.has_plan():
         return Verdict("resume")
     planned, committed, position = _resume_position(checkpoint)
@@ -66,7 +75,8 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
         and stored.batch_id >= planned
     ):
         return Verdict("resume")  # the pending batch is in the table: Spark replays it
-    moved = _operator_move_after(checkpoint, stored)
+    ours = commit_version(app_id(pipeline_id, query_id)) if query_id is not None else None
+    moved = _operator_move_after(stored, ours)
     if position is None:
         if committed or not any(stored.offsets.values()):
             return Verdict("resume")
@@ -102,7 +112,7 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
         for t, p, c, o in (ahead + behind)[:4]
     ) + ("; ..." if len(ahead) + len(behind) > 4 else "")
     if moved is not None:
-        reason = f"{moved} after this checkpoint planned its last batch ({detail})"
+        reason = f"{moved} after this checkpoint's last commit ({detail})"
         return Verdict("set_aside", reason)
     if not ahead:
         return Verdict(
@@ -118,17 +128,19 @@ def judge(checkpoint: CheckpointLog, stored: StoredOffsets | None, pipeline_id: 
     )
 
 
-def _operator_move_after(checkpoint: CheckpointLog, stored: StoredOffsets) -> str | None:
-    """How an operator moved the table's offsets after the checkpoint planned its newest
-    batch (a reset, a RESTORE), or None."""
-    planned_ms = checkpoint.newest_plan_ms()
-    if planned_ms is None:
-        return None
-    if stored.reset is not None:
-        at = stored.reset.get("at_ms")
-        if isinstance(at, int) and at > planned_ms:
+def _operator_move_after(stored: StoredOffsets, ours: int | None) -> str | None:
+    """How an operator moved the table's offsets (a reset, a RESTORE) after the checkpoint's
+    last commit to the table, at Delta version ``ours`` (None: the retained log holds no commit
+    of it, so any move it holds came after), or None.
+
+    Judged by positions in the table's log, never by clocks: a RESTORE or reset made while a
+    run was idle, and the batch the run planned after it (then fenced), leave a checkpoint
+    ahead of the table that the move explains; the host that made the move and the driver may
+    disagree on the time."""
+    if stored.reset is not None and stored.delta_version is not None:
+        if ours is None or stored.delta_version > ours:
             return f"the table's offsets were reset ({stored.describe()})"
-    if stored.restore is not None and stored.restore.get("at_ms", 0) > planned_ms:
+    if stored.restore is not None and (ours is None or stored.restore["version"] > ours):
         return (
             f"Delta version {stored.restore['version']} restored the table to version "
             f"{stored.restore['to']}"

@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from kafka_delta.offsets.model import StoredOffsets
-from kafka_delta.offsets.stored import Partitions, read_stored
+from kafka_delta.offsets.stored import Partitions, newest_commit_version, read_stored
 
 
 def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
@@ -61,3 +61,10 @@ class DeltaRsOffsetStore:
         """This pipeline's stored offsets, or None (no table, or no commit of this pipeline)."""
         table = open_table(self.table_uri, self.storage_options)
         return None if table is None else newest_stored_in(table, self.pipeline_id, partitions)
+
+    def commit_version(self, app_id: str) -> int | None:
+        """The Delta version of the newest commit ``app_id`` (one checkpoint) made here."""
+        table = open_table(self.table_uri, self.storage_options)
+        if table is None:
+            return None
+        return newest_commit_version(table.history, self.pipeline_id, app_id)

@@ -19,7 +19,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from kafka_delta.offsets.model import StoredOffsets
-from kafka_delta.offsets.stored import TableLog, read_stored
+from kafka_delta.offsets.stored import TableLog, newest_commit_version, read_stored
 from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog, open_table
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 
@@ -153,3 +153,7 @@ class DeltaSparkOffsetStore:
             # still holds the commit.
             self.copies.ensure(stored)
         return stored
+
+    def commit_version(self, app_id: str) -> int | None:
+        """The Delta version of the newest commit ``app_id`` (one checkpoint) made here."""
+        return newest_commit_version(self.reader.history, self.pipeline_id, app_id)
