@@ -1,14 +1,14 @@
-"""What the repo's harnesses share (scripts/chaos.py, scripts/ops.py): a generated project, the
-embedded broker (kafka_delta_dev), the pipeline as an OS process (``python -m <package>``), and an
-independent check of the result that reads the table with delta-rs and Kafka with confluent-kafka
-directly, never the engine's code.
+"""The crash harness's parts (scripts/chaos.py): a generated project, the embedded broker
+(kafka_delta_dev), the pipeline as an OS process (``python -m <package>``), and an independent
+check of the result that reads the table with delta-rs and Kafka with confluent-kafka directly,
+never the engine's code. (The operations harness, scripts/ops.py, runs in one process: its
+parts are in opslib/.)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -118,55 +118,6 @@ def sink_settings(sink: str, jars_dir: str | None) -> dict[str, Any]:
 
 # RESTORE with delta-spark's own SQL, in a Spark session of its own (argv: table, version,
 # the session's Spark conf as JSON).
-_SPARK_RESTORE = """
-import json, sys
-from pyspark.sql import SparkSession
-table, version, conf = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-for key, value in conf.items():
-    builder = builder.config(key, value)
-spark = builder.getOrCreate()
-spark.sql(f"RESTORE TABLE delta.`{table}` TO VERSION AS OF {version}").collect()
-spark.stop()
-"""
-
-
-def restore_table(
-    table: str, version: int, sink: str, jars_dir: str | None, env: dict[str, str]
-) -> None:
-    """Delta's RESTORE of ``table`` to ``version``, made by ``sink``'s own engine, as an operator
-    undoes a bad deploy: delta-rs's ``DeltaTable.restore``, or delta-spark's ``RESTORE TABLE``."""
-    if sink == "delta_rs":
-        DeltaTable(table).restore(version)
-        return
-    conf = sink_settings(sink, jars_dir)["spark_conf"]
-    result = subprocess.run(
-        [sys.executable, "-c", _SPARK_RESTORE, table, str(version), json.dumps(conf)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"RESTORE with delta-spark failed:\n{result.stderr[-3000:]}")
-
-
-def run(
-    command: list[str], cwd: Path, env: dict[str, str], log_path: Path, timeout: float = 600
-) -> tuple[int, str]:
-    """Run the pipeline to completion in a session of its own; (exit code, its output)."""
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    return proc.returncode, log_path.read_text(errors="replace")
-
-
 def stored_offsets_independently(
     table_uri: str,
     pipeline_id: str,

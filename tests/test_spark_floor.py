@@ -1,5 +1,5 @@
 """scripts/spark_floor: Spark's own floor, the figures the pipeline's start-up and fixed cost per
-batch are held against (README, Performance)."""
+batch are held against (docs/performance.md, "Spark's own floor")."""
 
 from __future__ import annotations
 

@@ -199,7 +199,9 @@ def test_bad_records_go_to_the_dead_letter_table_once_and_never_half_parsed_to_t
         "key",
         "value",
         "error",
+        "topic_id",
     ]
+    assert len(set(dead["topic_id"].to_pylist())) == 1 and dead["topic_id"][0].as_py()
     bad_offsets = [1, 2, 5, 6, 7]
     assert dead["offset"].to_pylist() == bad_offsets
     assert dead["value"].to_pylist() == BAD_VALUES
@@ -213,6 +215,31 @@ def test_bad_records_go_to_the_dead_letter_table_once_and_never_half_parsed_to_t
     summary = _run(spark, cfg)
     assert summary.rows_written == 0 and summary.dead_letters == 0
     assert DeltaTable(cfg.dead_letter_table).to_pyarrow_table().num_rows == len(BAD_VALUES)
+    assert_offsets_agree(cfg)
+
+
+def test_a_dead_letter_table_written_before_topic_ids_gains_the_column_and_keeps_its_rows(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """A project upgraded from an engine whose dead-letter rows had no ``topic_id``: its table
+    takes the new column on the next dead letter, its old rows kept (with a null id)."""
+    from deltalake import write_deltalake
+
+    (topic,) = new_topics(1, partitions=1)
+    _produce_raw(kafka_bootstrap, topic, [event(1, random.Random(1)), b"oops"])
+    cfg = make_config([topic])
+    _run(spark, cfg)
+    old = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().drop_columns(["topic_id"])
+    write_deltalake(cfg.dead_letter_table, old, mode="overwrite", schema_mode="overwrite")
+    assert "topic_id" not in DeltaTable(cfg.dead_letter_table).schema().to_arrow().names
+
+    _produce_raw(kafka_bootstrap, topic, [b"oops again", event(2, random.Random(2))])
+    summary = _run(spark, cfg)
+    assert summary.dead_letters == 1
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().sort_by("offset")
+    assert dead["offset"].to_pylist() == [1, 2]
+    ids = dead["topic_id"].to_pylist()
+    assert ids[0] is None and ids[1]
     assert_offsets_agree(cfg)
 
 

@@ -21,6 +21,7 @@ from kafka_delta.cli import main
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
+from kafka_delta.offsets.stored import OffsetsExpiredError
 from kafka_delta.offsets.topic_identity import TopicRecreatedError
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.recovery.checkpoint import CheckpointMismatchError
@@ -284,6 +285,87 @@ def test_a_removed_topic_keeps_its_offsets_through_log_cleanup_and_is_not_read_t
     assert_offsets_agree(both)
 
 
+def test_a_restore_then_log_cleanup_then_a_lost_checkpoint_reads_the_undone_batch_again(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys
+) -> None:
+    """A RESTORE reverts no txn action and no commit copy: once log cleanup removed the
+    RESTORE's commit, both still name the undone batch. The offsets come from the rows the
+    table holds, and the undone batch is read again."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = make_config([topic], engine=sink_engine)
+    for first in (0, 10, 20):  # versions 0, 1, 2: one batch each
+        produce_events(kafka_bootstrap, [topic], 10, first_id=first)
+        Pipeline(spark, cfg).run()
+    _restore(spark, sink_engine["sink"], cfg.delta.table, 1)  # 20-29 undone
+    _clean_up_the_log(cfg.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    produce_events(kafka_bootstrap, [topic], 10, first_id=30)
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 40)
+    _verify(cfg, tmp_path, capsys)
+
+
+def test_a_restore_then_log_cleanup_with_the_checkpoint_kept_sets_it_aside_and_reads_again(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    cfg = make_config([topic], engine=sink_engine)
+    for first in (0, 10, 20):
+        produce_events(kafka_bootstrap, [topic], 10, first_id=first)
+        Pipeline(spark, cfg).run()
+    _restore(spark, sink_engine["sink"], cfg.delta.table, 1)
+    _clean_up_the_log(cfg.delta.table)
+
+    Pipeline(spark, cfg).run()  # the checkpoint read 20-29: it is ahead of the rows
+
+    assert len(_set_aside(cfg.checkpoint)) == 1
+    assert_exactly_once(cfg, 30)
+
+
+def _verify(cfg, tmp_path: Path, capsys) -> int:
+    path = tmp_path / "verify.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    status = main(["offsets", "verify", "--against-kafka", "--config", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    return status
+
+
+def without_positions(df):
+    """A transform that keeps no Kafka position in its rows."""
+    return default_transform(df).drop("topic", "partition", "offset")
+
+
+def test_after_log_cleanup_a_table_without_positions_stops_and_a_reset_to_offsets_resumes(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic], transform=f"{__name__}:without_positions")
+    produce_events(kafka_bootstrap, [topic], 20)
+    Pipeline(spark, cfg).run()
+    _clean_up_the_log(cfg.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(OffsetsExpiredError, match="rows carry no Kafka position") as stop:
+        Pipeline(spark, cfg).run()
+    assert "offsets reset --to-offsets" in str(stop.value)
+    assert DeltaTable(cfg.delta.table).version() == version
+
+    path = tmp_path / "reset.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    argv = ["offsets", "reset", "--config", str(path), "--to-offsets", f"{topic}:0=20"]
+    assert main([*argv, "--allow-rewind", "--allow-skip", "--execute"]) == 0
+    produce_events(kafka_bootstrap, [topic], 5, first_id=20)
+    Pipeline(spark, cfg).run()
+
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == list(range(25))
+
+
 # Appended after tests/test_graceful_stop.py's slow transform: a read task, after its sleep,
 # waits while the file HOLD_FILE exists, so the test decides when a running batch may commit.
 HELD_TRANSFORM = """
@@ -398,6 +480,122 @@ def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config
     assert_offsets_agree(allowed)
 
 
+def _generation(bootstrap: str, topic: str, first_id: int, bad: bytes) -> None:
+    """Offsets 0-2 good, 3 bad, 4-6 good (one partition)."""
+    produce_events(bootstrap, [topic], 3, first_id=first_id)
+    produce_values(bootstrap, topic, [(0, bad)])
+    produce_events(bootstrap, [topic], 3, first_id=first_id + 3)
+
+
+def test_a_recreated_topic_read_from_its_start_keeps_its_dead_letters_and_verifies(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys
+) -> None:
+    """A position is (topic id, partition, offset): the new topic's bad record at the offset
+    of the old topic's is a dead letter of its own, and `verify --against-kafka` passes with
+    one row per topic generation at each position the two share."""
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic], engine=sink_engine, fail_on_data_loss=False)
+    _generation(kafka_bootstrap, topic, 0, b"old bad")
+    Pipeline(spark, cfg).run()
+    _recreate(kafka_bootstrap, topic, 1)
+    _generation(kafka_bootstrap, topic, 100, b"new bad")
+
+    Pipeline(spark, cfg).run()
+
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == [*range(6), *range(100, 106)]
+    dead = DeltaTable(cfg.dead_letter_table).to_pyarrow_table()
+    assert sorted(dead["value"].to_pylist()) == [b"new bad", b"old bad"]
+    assert len(set(dead["topic_id"].to_pylist())) == 2
+    _verify(cfg, tmp_path, capsys)
+
+
+def test_verify_names_a_dead_letter_of_a_recreated_topic_that_is_missing(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic], fail_on_data_loss=False)
+    _generation(kafka_bootstrap, topic, 0, b"old bad")
+    Pipeline(spark, cfg).run()
+    _recreate(kafka_bootstrap, topic, 1)
+    _generation(kafka_bootstrap, topic, 100, b"new bad")
+    Pipeline(spark, cfg).run()
+    DeltaTable(cfg.dead_letter_table).delete("value = X'6e657720626164'")  # b"new bad"
+
+    path = tmp_path / "verify.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    assert main(["offsets", "verify", "--against-kafka", "--config", str(path)]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"verify: FAILED: kafka: {topic}:0: 1 record(s) Kafka holds in the committed ranges are "
+        "in neither the table nor the dead-letter table (offsets 3): lost"
+    )
+
+
+@pytest.mark.parametrize("way_out", ["reset", "fail_on_data_loss"])
+def test_a_topic_recreated_after_log_cleanup_is_still_recognised_by_its_id(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys, way_out
+) -> None:
+    """Log cleanup removed every commit naming the topic's id; the new topic holds more records
+    than the old one's stored offsets, so only the id tells them apart (found by scripts/ops:
+    the new topic's first records were skipped). Either way out the sentence names lands the
+    new topic whole, and `offsets verify --against-kafka` counts the old topic's rows as its
+    first generation."""
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 10)
+    cfg = make_config([topic], engine=sink_engine)
+    Pipeline(spark, cfg).run()
+    _clean_up_the_log(cfg.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    _recreate(kafka_bootstrap, topic, 1)
+    produce_events(kafka_bootstrap, [topic], 30, first_id=10)
+    version = DeltaTable(cfg.delta.table).version()
+
+    with pytest.raises(TopicRecreatedError, match="deleted and created again") as stop:
+        Pipeline(spark, cfg).run()
+    assert DeltaTable(cfg.delta.table).version() == version
+
+    if way_out == "reset":  # reset the topic to its first record, then start again
+        assert "offsets reset --topic <topic> --to-earliest --allow-rewind --execute" in str(
+            stop.value
+        )
+        path = tmp_path / "reset.yaml"
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        argv = ["offsets", "reset", "--config", str(path), "--topic", topic, "--to-earliest"]
+        assert main([*argv, "--allow-rewind", "--execute"]) == 0
+    else:
+        cfg = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    Pipeline(spark, cfg).run()
+    assert_exactly_once(cfg, 40)
+    _verify(cfg, tmp_path, capsys)
+
+
+def test_a_topic_whose_only_reads_a_restore_undid_is_read_again_when_re_added(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
+) -> None:
+    """The offset txn of a partition survives the RESTORE that undid the batch that wrote it;
+    a record that no longer names the partition must not let the txn speak for it."""
+    kept, added = new_topics(2, partitions=1)
+    produce_events(kafka_bootstrap, [kept], 10)
+    only_kept = make_config([kept], engine=sink_engine)
+    Pipeline(spark, only_kept).run()
+    before = DeltaTable(only_kept.delta.table).version()
+    produce_events(kafka_bootstrap, [added], 10, first_id=10)
+    both = only_kept.with_overrides(**{"kafka.topics": [kept, added]})
+    shutil.rmtree(both.checkpoint)
+    Pipeline(spark, both).run()
+    _restore(spark, sink_engine["sink"], both.delta.table, before)  # the added topic's reads
+    shutil.rmtree(both.checkpoint)
+    produce_events(kafka_bootstrap, [kept], 5, first_id=20)
+    Pipeline(spark, only_kept).run()  # its commit does not name the added topic
+
+    shutil.rmtree(both.checkpoint)
+    Pipeline(spark, both).run()
+
+    assert_exactly_once(both, 25)
+
+
 def test_the_offsets_commands_read_a_cleaned_up_delta_spark_table_through_its_commit_copy(
     spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path, capsys
 ) -> None:
@@ -423,3 +621,35 @@ def test_the_offsets_commands_read_a_cleaned_up_delta_spark_table_through_its_co
     assert status == 0, err + out
     status, out, err = _cli(cfg, tmp_path, capsys, "verify")
     assert status in (0, 1) and "no commit copy" not in err, err
+
+
+def test_a_checkpoint_set_aside_twice_in_one_second_keeps_both(tmp_path: Path) -> None:
+    """Two set-asides of one checkpoint within a second (a retried job fenced at once, found by
+    the operations harness) must not collide on the ``.set-aside-<time>`` name: the second one
+    takes a suffix, and no set-aside checkpoint is overwritten or merged into."""
+    import datetime
+
+    from kafka_delta.recovery.checkpoint import CheckpointLog
+    from kafka_delta.recovery.verdict import set_aside
+
+    checkpoint = tmp_path / "checkpoint"
+    now = datetime.datetime.now(datetime.UTC)
+    taken = []
+    for s in range(5):  # every name this second and the next few would take, already taken
+        stamp = (now + datetime.timedelta(seconds=s)).strftime("%Y%m%dT%H%M%SZ")
+        earlier = tmp_path / f"checkpoint.set-aside-{stamp}"
+        (earlier / "offsets").mkdir(parents=True)
+        (earlier / "offsets" / "0").write_text("earlier")
+        taken.append(earlier)
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text("this one")
+
+    target = Path(set_aside(None, CheckpointLog(None, str(checkpoint)), "a test"))
+
+    assert not checkpoint.exists()
+    assert target.name.startswith("checkpoint.set-aside-") and target not in taken
+    assert (target / "offsets" / "0").read_text() == "this one"
+    assert all((t / "offsets" / "0").read_text() == "earlier" for t in taken)
+    assert sorted(t.name for t in _set_aside(str(checkpoint))) == sorted(
+        [*(t.name for t in taken), target.name]
+    )

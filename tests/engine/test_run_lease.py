@@ -17,12 +17,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
+from deltalake import DeltaTable
 from kafka_delta.cli import main
 from kafka_delta.commands.reset import _refuse_if_running
 from kafka_delta.config import PipelineConfig
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.recovery.lease import (
     STALE_AFTER_SECONDS,
+    CheckpointInUseError,
     HostIdentity,
     Lease,
     RunLease,
@@ -205,3 +207,94 @@ def test_reset_names_the_lease_file_to_delete_and_no_run_check_overrides_an_acti
     # Deleting the file, as the message says, ends the refusal too.
     path.unlink()
     assert _refuse_if_running(cfg, argparse.Namespace(no_run_check=False)) is None
+
+
+# -- one checkpoint, one run --------------------------------------------------------------------
+
+
+def _rival(cfg: PipelineConfig, started_ms: int) -> RunLease:
+    lease = RunLease(cfg)
+    lease.lease = replace(lease.lease, started_ms=started_ms)
+    return lease
+
+
+def test_two_runs_starting_at_once_on_one_checkpoint_agree_that_the_older_lease_goes_on(
+    tmp_path: Path,
+) -> None:
+    cfg = PipelineConfig.model_validate(
+        {
+            "pipeline_id": "p",
+            "checkpoint": str(tmp_path / "checkpoint"),
+            "kafka": {
+                "bootstrap_servers": "127.0.0.1:9",
+                "topics": ["t"],
+                "consumer_group": "g",
+            },
+            "delta": {"table": str(tmp_path / "table")},
+        }
+    )
+    first, second = _rival(cfg, 1000), _rival(cfg, 2000)
+    # Both leases are written before either looks at the other's.
+    first._write()
+    second._write()
+    first.first_on_checkpoint()
+    with pytest.raises(CheckpointInUseError, match="is in use by another run") as refused:
+        second.first_on_checkpoint()
+    assert first.lease.run_id in str(refused.value)  # the lease file to delete
+    # Another checkpoint of the same pipeline is not held back.
+    other = RunLease(cfg.with_overrides(checkpoint=str(tmp_path / "other")))
+    other._write()
+    other.first_on_checkpoint()
+    for lease in (first, second, other):
+        lease.release()
+
+
+_CHECKPOINT_HOLDER = """
+import sys, time, yaml
+sys.path.insert(0, {src!r})
+from kafka_delta.config import PipelineConfig
+from kafka_delta.recovery.lease import RunLease
+cfg = PipelineConfig.model_validate(yaml.safe_load(open({conf!r})))
+with RunLease.hold(cfg):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_second_live_run_on_one_checkpoint_is_refused_before_it_reads_or_renames_anything(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path, capsys
+) -> None:
+    """A run whose checkpoint another live process holds exits 2 in one sentence, before its
+    recovery could set the checkpoint aside under the other run."""
+    from kafka_delta.pipeline import Pipeline
+    from support import PROJECT
+
+    topics = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, topics, 20)
+    cfg = make_config(topics)
+    Pipeline(spark, cfg).run()
+    produce_events(kafka_bootstrap, topics, 10, first_id=20)
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    code = _CHECKPOINT_HOLDER.format(src=str(PROJECT / "src"), conf=str(conf))
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        version = DeltaTable(cfg.delta.table).version()
+        checkpoint = sorted(p.name for p in Path(cfg.checkpoint).rglob("*"))
+        capsys.readouterr()
+        assert main(["--config", str(conf)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: checkpoint {cfg.checkpoint} is in use by another run")
+        assert f"pid {holder.pid}" in err and "Nothing was read or written" in err
+        assert DeltaTable(cfg.delta.table).version() == version
+        assert sorted(p.name for p in Path(cfg.checkpoint).rglob("*")) == checkpoint
+        assert not list(Path(cfg.checkpoint).parent.glob("*.set-aside-*"))
+    finally:
+        holder.kill()
+        holder.wait(30)
+    Pipeline(spark, cfg).run()  # the holder is gone: its lease no longer counts
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == list(range(30))

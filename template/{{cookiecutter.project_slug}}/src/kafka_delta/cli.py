@@ -164,6 +164,7 @@ EXIT_FAILED, EXIT_REFUSED, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
 _EXPECTED = {
     "FencingError": EXIT_FENCED,
     "CheckpointMismatchError": EXIT_REFUSED,
+    "CheckpointInUseError": EXIT_REFUSED,
     "OffsetsExpiredError": EXIT_REFUSED,
     "DeadLetterError": EXIT_REFUSED,
     "TopicRecreatedError": EXIT_REFUSED,

@@ -3,22 +3,22 @@ names the contract alone; :mod:`.engine_factory` builds the implementations.
 
 Two implementations sit behind it (docs/design.md section 5), and any mix of them works:
 
-============  =========================================  ========================================
-part          embedded (no JVM connector jars)            cluster (Databricks, or --packages)
-============  =========================================  ========================================
-source        ``embedded``: Python data source on         ``spark_kafka``: Spark's built-in
-              confluent-kafka (:mod:`.embedded.source`)   ``kafka`` format (:mod:`.cluster.source`)
-sink          ``delta_rs``: Parquet files written by      ``delta_spark``: delta-spark writer
-              the tasks, one delta-rs commit              options / MERGE session confs
-offset store  :mod:`.stored_offsets` on a delta-rs log      the same, on delta-spark's history
-============  =========================================  ========================================
+============  ==========================================  ==================================
+part          embedded (no JVM connector jars)             cluster (Databricks, --packages)
+============  ==========================================  ==================================
+source        ``embedded``: Python data source on          ``spark_kafka``: Spark's ``kafka``
+              confluent-kafka (:mod:`.sources.embedded`)   (:mod:`.sources.spark_kafka`)
+sink          ``delta_rs``: Parquet files written by       ``delta_spark``: delta-spark writer
+              the tasks, one delta-rs commit               options / MERGE session confs
+offset store  :mod:`.offsets.stored` on a delta-rs log     the same, on delta-spark's history
+============  ==========================================  ==================================
 
-Both sinks keep one contract, proven by ``tests/test_engine_contract.py`` over every mix:
+Both sinks keep one contract, proven by ``tests/engine/test_engine_contract.py`` over every mix:
 
 - one Delta commit per batch holds the rows, a ``txn(app_id, batch_id)`` action and the end
-  offsets in ``userMetadata`` (:class:`.offsets.BatchCommit`);
+  offsets in ``userMetadata`` (:class:`.offsets.model.BatchCommit`);
 - a replayed batch (its txn version already recorded) writes nothing and reports success (I2);
-- a batch commits only where the pipeline's stored offsets end (:mod:`.fencing`, I6);
+- a batch commits only where the pipeline's stored offsets end (:mod:`.offsets.fencing`, I6);
 - ``append`` adds every row; ``upsert`` MERGEs on the key columns, idempotently.
 """
 
@@ -110,7 +110,7 @@ class Sink(Protocol):
         only after it): True when the batch is already in the table (a replay), raises
         :class:`FencingError` when it does not start where the table ends (``firsts``: how far
         the first read of a partition the table stores nothing for may begin, see
-        :func:`.fencing.check_contiguous`)."""
+        :func:`.offsets.fencing.check_contiguous`)."""
         ...
 
     def commit_batch(
@@ -127,7 +127,7 @@ class Sink(Protocol):
 
     def worker_modules(self) -> tuple[str, ...]:
         """Modules this sink's Spark tasks import in their Python workers (warmed before the
-        first batch, :mod:`.python_workers`); () when its tasks run no Python."""
+        first batch, :mod:`.runtime.python_workers`); () when its tasks run no Python."""
         ...
 
 
@@ -173,7 +173,7 @@ class Source(Protocol):
 
     def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
         """Modules this source's Spark tasks import in their Python workers (warmed before
-        the first batch, :mod:`.python_workers`), ``decode``'s decoders included."""
+        the first batch, :mod:`.runtime.python_workers`), ``decode``'s decoders included."""
         ...
 
 

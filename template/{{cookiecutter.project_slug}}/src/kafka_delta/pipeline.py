@@ -16,8 +16,8 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -165,6 +165,9 @@ class Pipeline:
         # deleted and created again since (read from their start when allowed).
         self._topic_ids: dict[str, str] = {}
         self._recreated: set[str] = set()
+        # The stored offsets of the recreated topics before they were forgotten (the old
+        # topics' ends), recorded with the batch that starts them over.
+        self._recreated_from: Offsets = {}
         # Writer schemas (registry ids) seen in records whose fields the decoder's reader
         # schema lacked: the next query's reader schema includes them (schema evolution).
         self._writer_schema_ids: set[int] = set()
@@ -204,6 +207,7 @@ class Pipeline:
             ).earliest
             forgotten = forget_recreated(stored, recreated, False, earliest)
             self._recreated = set(recreated)
+            self._recreated_from = {t: dict(stored.offsets[t]) for t in recreated}
             log.warning(
                 "topic(s) %s were deleted and created again: read from their earliest offset "
                 "(kafka.fail_on_data_loss is off)",
@@ -455,6 +459,15 @@ class Pipeline:
             for t, parts in new.items()
         }
 
+    def _ends_before(self, rewound: Iterable[tuple[str, int]]) -> Offsets:
+        """Where the stored offsets of the ``rewound`` partitions stood before the move back."""
+        before: Offsets = {}
+        for t, p in rewound:
+            offset = self._recreated_from.get(t, {}).get(p, self._known.get(t, {}).get(p))
+            if offset is not None:
+                before.setdefault(t, {})[p] = offset
+        return before
+
     def _rewound(self, end: Offsets) -> tuple[tuple[str, int], ...]:
         """Partitions the batch moves below the offsets the pipeline stored, allowed only where
         Kafka no longer has the stored position (the topic was deleted and recreated, which the
@@ -492,7 +505,7 @@ class Pipeline:
     def _current_topic_ids(self, end: Offsets) -> dict[str, str]:
         """Kafka's ids of the batch's topics, recorded in its commit; a topic deleted and
         created again while this run read it stops the batch before anything is written (the
-        next start handles it as :mod:`.topic_identity` says)."""
+        next start handles it as :mod:`kafka_delta.offsets.topic_identity` says)."""
         current = self.admin.topic_ids(end)
         changed = sorted(
             t for t, i in current.items() if t in self._topic_ids and self._topic_ids[t] != i
@@ -508,7 +521,7 @@ class Pipeline:
 
     def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
         """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
-        stopped if a stop was requested (see :mod:`.graceful_stop`)."""
+        stopped if a stop was requested (see :mod:`kafka_delta.runtime.graceful_stop`)."""
         self._gate.enter()
         succeeded = False
         try:
@@ -528,9 +541,11 @@ class Pipeline:
             app_id=app_id(self.config.pipeline_id, query_id),
             batch_id=batch_id,
             end_offsets=end,
-            rewound=self._rewound(end),
             topic_ids=self._current_topic_ids(end),
         )
+        rewound = self._rewound(end)
+        if rewound:
+            commit = replace(commit, rewound=rewound, rewound_from=self._ends_before(rewound))
         observation: Observation | None = Observation()
         out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
         if self.config.delta.mode == "upsert":

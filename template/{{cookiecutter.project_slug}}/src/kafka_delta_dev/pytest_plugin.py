@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 _SRC = str(Path(kafka_delta.__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
 os.environ["PYSPARK_PYTHON"] = sys.executable
-# A run started by a test would record a ~150 MB class archive of Spark's JVM classes into the
-# user's cache as it exits (kafka_delta.runtime.jvm_archive); tests leave it alone.
-os.environ.setdefault("SPARK_CLASS_ARCHIVE", "off")
 # Spark's Python processes import the installed, compiled pyspark, not Spark's source zip, as in
 # a run (kafka_delta.runtime.python_launcher).
 use_for_spark()

@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -43,7 +43,6 @@ from kafka_delta.commands.table_log import (
     admin_for,
     format_rows,
     kafka_partitions,
-    newest_commit,
     open_existing,
     stored_offsets,
 )
@@ -58,7 +57,9 @@ from kafka_delta.offsets.model import (
     first_offset,
     format_ms,
     offsets_to_json,
+    same_topic_id,
 )
+from kafka_delta.offsets.stored import OffsetsExpiredError
 from kafka_delta.recovery.checkpoint import CheckpointLog, local_path
 from kafka_delta.recovery.lease import LeaseUnavailableError, active_leases
 
@@ -105,10 +106,21 @@ class Plan:
     to: str
     stored: StoredOffsets
     moves: list[Move]
+    # Kafka's id of each topic the reset moves, as of the reset.
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     @property
     def target(self) -> Offsets:
         return _offsets((m.topic, m.partition, m.new) for m in self.moves)
+
+    @property
+    def recreated(self) -> list[str]:
+        """The topics the reset moves that Kafka now knows by another id than the stored one
+        (deleted and created again): the reset's offsets are positions in the new topic."""
+        stored = self.stored.topic_ids or {}
+        return sorted(
+            t for t, i in self.topic_ids.items() if t in stored and not same_topic_id(stored[t], i)
+        )
 
     @property
     def changes(self) -> list[Move]:
@@ -303,15 +315,28 @@ def _selected(stored: StoredOffsets, partitions: dict[str, list[int]], what: str
     return found
 
 
+def _stored(
+    table: DeltaTable, config: PipelineConfig, args: argparse.Namespace, admin: KafkaAdmin
+) -> StoredOffsets:
+    """The stored offsets, read by the pipeline's own reader (a RESTORE, log cleanup). Where
+    nothing left after log cleanup can prove them
+    (:func:`kafka_delta.offsets.stored.from_the_rows`), a target that does not start from them
+    (explicit offsets, a time, earliest, latest) still moves the pipeline: it is the way out
+    that error names."""
+    try:
+        stored, _ = stored_offsets(table, config, kafka_partitions(admin, config.kafka.topics)[0])
+    except OffsetsExpiredError as exc:
+        if exc.seq is None or args.to_current or args.shift_by is not None:
+            raise CommandError(str(exc)) from None
+        return StoredOffsets({}, None, None, None, seq=exc.seq, expired=True)
+    return stored
+
+
 def plan_reset(
     config: PipelineConfig, args: argparse.Namespace, table: DeltaTable, admin: KafkaAdmin
 ) -> Plan:
     """What the reset would do; raises :class:`CommandError` on any bad input."""
-    commit = newest_commit(table, config.pipeline_id)
-    if commit is not None:
-        stored = commit.stored()
-    else:  # log cleaned up: the offsets live on in txn actions (or the table has none)
-        stored, _ = stored_offsets(table, config, kafka_partitions(admin, config.kafka.topics)[0])
+    stored = _stored(table, config, args, admin)
     explicit = _explicit(args)
     topics = _topics(config, args, set(stored.offsets), explicit)
     partitions, missing = kafka_partitions(admin, topics)
@@ -374,7 +399,9 @@ def plan_reset(
         for t, parts in sorted(target.items())
         for p, offset in sorted(parts.items())
     ]
-    return Plan(to, stored, moves)
+    # The reset's offsets are positions in each topic as it is now: its commit records the
+    # topics' current ids (a topic deleted and created again then no longer stops the run).
+    return Plan(to, stored, moves, admin.topic_ids(sorted(target)))
 
 
 def _who() -> str:
@@ -404,7 +431,9 @@ def commit_reset(
             "from": offsets_to_json(_offsets((m.topic, m.partition, m.stored) for m in changed)),
             "rewind": [[m.topic, m.partition] for m in plan.rewinds],
             "skip": [[m.topic, m.partition, m.skipped] for m in plan.skips],
+            **({"recreated": plan.recreated} if plan.recreated else {}),
         },
+        topic_ids=plan.topic_ids or None,
     ).on_top_of(plan.stored)
     properties = CommitProperties(
         app_transactions=[Transaction(a, v) for a, v in commit.transactions()],

@@ -98,9 +98,9 @@ def commits_in(history: Iterable[dict[str, object]], pipeline_id: str) -> list[P
 def stored_offsets(
     table: DeltaTable, config: PipelineConfig, partitions: dict[str, list[int]]
 ) -> tuple[StoredOffsets, PipelineCommit | None]:
-    """The pipeline's stored offsets, read by the pipeline's own reader (RESTOREs, commit
-    copies, txn actions: :mod:`..stored_offsets`), and the commit holding them (None when log
-    cleanup left them in a copy or in txn actions only); no commit of the pipeline is an error."""
+    """The pipeline's stored offsets, read by the pipeline's own reader (RESTOREs, log cleanup:
+    :mod:`kafka_delta.offsets.stored`), and the commit holding them (None when log cleanup
+    removed it); no commit of the pipeline is an error."""
     pipeline_id = config.pipeline_id
     log = DeltaRsLog(
         table,

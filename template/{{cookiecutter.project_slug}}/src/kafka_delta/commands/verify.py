@@ -2,8 +2,9 @@
 log, the rows' Kafka positions and (``--against-kafka``) Kafka's records. Exit 0 only when every
 check holds; otherwise the first problem is named (exit 1).
 
-The commits are taken **as in effect**: a Delta RESTORE to version V undoes the commits between
-V and the restore (:func:`..table_history.live_history`), and their rows are gone with them.
+The commits are taken **as in effect**: a Delta RESTORE to version V undoes the commits between V
+and the restore (:func:`kafka_delta.offsets.history.live_history`), and their rows are gone with
+them.
 
 Checks, in order:
 
@@ -18,7 +19,9 @@ Checks, in order:
    (a row outside was written outside the pipeline's accounting). Skipped, with the reason,
    for a table whose transform drops those columns.
 3. **duplicates**: no Kafka position has two rows across the table and the dead-letter table
-   (upsert mode: the dead-letter table, and positions in both tables).
+   (upsert mode: the dead-letter table, and positions in both tables). A position is (topic
+   id, partition, offset): where a topic was deleted and created again and read from its
+   start, each generation that committed an offset holds one row there.
 4. **dead letters**: every dead letter lies in a committed range of the main table (positions
    after the table's stored offsets belong to a batch not committed yet and are noted).
 5. **kafka** (``--against-kafka``): the committed ranges read back from Kafka; every record
@@ -39,6 +42,7 @@ tell from lost rows.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
@@ -63,7 +67,14 @@ from kafka_delta.commands.table_log import (
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaUnavailableError, Watermarks
 from kafka_delta.offsets.history import RestoreUnreadableError, live_history, restores_in
-from kafka_delta.offsets.model import Offsets, describe_reset, first_offset, parse_user_metadata
+from kafka_delta.offsets.model import (
+    Offsets,
+    describe_reset,
+    first_offset,
+    offsets_from_json,
+    parse_user_metadata,
+    same_topic_id,
+)
 
 TP = tuple[str, int]
 POSITION = ("topic", "partition", "offset")
@@ -82,6 +93,11 @@ class Ranges:
     start is unknown, before the retained log or never recorded)."""
 
     spans: dict[TP, list[tuple[int | None, int]]] = field(default_factory=lambda: defaultdict(list))
+    # Where each topic generation's spans begin in ``spans[tp]``, after the first: a topic
+    # deleted and created again (a new topic id, or a commit that records the partition as
+    # ``rewound``) starts over at its first offset, so one position may be committed once per
+    # generation (a position is (topic id, partition, offset)).
+    generations: dict[TP, list[int]] = field(default_factory=lambda: defaultdict(list))
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     resets: int = 0
@@ -93,15 +109,27 @@ class Ranges:
         """The committed ranges of ``tp`` merged where they touch, sorted (an unknown start
         counts as -1: everything below the end)."""
         if tp not in self._merged:
-            merged: list[list[int]] = []
-            for lo, hi in sorted(((-1 if lo is None else lo), hi) for lo, hi in self.spans[tp]):
-                if merged and lo <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
+            merged = _merge(self.spans[tp])
             self._merged[tp] = ([m[0] for m in merged], [m[1] for m in merged])
         los, his = self._merged[tp]
         return list(zip(los, his, strict=True))
+
+    def older(self, tp: TP) -> list[list[tuple[int, int]]]:
+        """The merged ranges of each generation of ``tp``'s topic before the current one."""
+        bounds = [0, *self.generations.get(tp, [])]
+        return [_merge(self.spans[tp][a:b]) for a, b in itertools.pairwise(bounds)]
+
+    def current(self, tp: TP) -> list[tuple[int, int]]:
+        """The merged ranges of the current generation of ``tp``'s topic."""
+        starts = self.generations.get(tp)
+        return _merge(self.spans[tp][starts[-1] :]) if starts else self.merged(tp)
+
+    def older_cover(self, tp: TP, offsets: pa.Array) -> pa.Array:
+        """Per offset, how many earlier generations of the topic committed it (int64)."""
+        count = pa.repeat(0, len(offsets)).cast(pa.int64())
+        for spans in self.older(tp):
+            count = pc.add(count, pc.cast(_inside(offsets, spans), pa.int64()))
+        return count
 
     def covers(self, tp: TP, offset: int) -> bool:
         """True when ``offset`` lies in a committed range of ``tp`` (a binary search over the
@@ -110,6 +138,28 @@ class Ranges:
         los, his = self._merged[tp]
         i = bisect.bisect_right(los, offset) - 1
         return i >= 0 and offset < his[i]
+
+
+def _merge(spans: Iterable[tuple[int | None, int]]) -> list[tuple[int, int]]:
+    """``spans`` merged where they touch, sorted (an unknown start counts as -1)."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(((-1 if lo is None else lo), hi) for lo, hi in spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _new_generation(out: Ranges, tp: TP, old_end: int | None) -> None:
+    """The commits of ``tp`` from here on read a new generation of its topic (deleted and
+    created again). Where log cleanup removed the old generation's commits, its range is known
+    only by its end (``old_end``): it is taken as everything below it."""
+    if out.spans.get(tp):
+        out.generations[tp].append(len(out.spans[tp]))
+    elif old_end is not None and old_end > 0:
+        out.spans[tp].append((None, old_end))
+        out.generations[tp].append(1)
 
 
 def _where(commit: PipelineCommit) -> str:
@@ -123,6 +173,7 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
     out = Ranges()
     ends: dict[TP, int] = {}
     batches: dict[tuple[str, int], int] = {}
+    topic_ids: dict[str, str] = {}
     previous_seq: int | None = None
     for commit in commits:
         r = commit.record
@@ -139,6 +190,7 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
             )
         previous_seq = r.seq or previous_seq
         if r.reset is not None:
+            before_reset = dict(ends)
             out.resets += 1
             moved = ", ".join(
                 f"{t}:{p} {ends.get((t, p), '-')} -> {o}"
@@ -152,6 +204,14 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
             for t, ps in r.end_offsets.items():
                 for p, o in ps.items():
                     ends[(t, p)] = o
+            # A reset to positions in a topic deleted and created again starts its new
+            # generation (the old one ended where the reset moved it from).
+            moved_from = offsets_from_json(r.reset.get("from") or {})  # type: ignore[arg-type]
+            for t in r.reset.get("recreated") or []:  # type: ignore[union-attr]
+                for p in r.end_offsets.get(str(t), {}):
+                    tp = (str(t), p)
+                    _new_generation(out, tp, moved_from.get(tp[0], {}).get(p, before_reset.get(tp)))
+            topic_ids.update(r.topic_ids or {})
             continue
         key = (r.app_id, r.batch_id)
         if key in batches:
@@ -167,7 +227,14 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
                 tp = (t, p)
                 before = ends.get(tp)
                 start = (r.start_offsets or {}).get(t, {}).get(p)
-                rewound = tp in r.rewound
+                new_id = (r.topic_ids or {}).get(t)
+                recreated = new_id is not None and not same_topic_id(
+                    topic_ids.get(t, new_id), new_id
+                )
+                rewound = tp in r.rewound or recreated
+                if rewound:
+                    old_end = (r.rewound_from or {}).get(t, {}).get(p, before)
+                    _new_generation(out, tp, old_end)
                 if start is not None and before is not None and start != before and not rewound:
                     size = abs(start - before)
                     kind = (
@@ -190,6 +257,7 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
                 if lo is None or end > lo:
                     out.spans[tp].append((lo, end))
                 ends[tp] = end
+        topic_ids.update(r.topic_ids or {})
     return out
 
 
@@ -387,10 +455,12 @@ def check_rows(main: Positions, audit: Audit) -> tuple[list[str], str, list[str]
 
 
 def check_duplicates(
-    main: Positions | None, dead: Positions | None, mode: str
+    main: Positions | None, dead: Positions | None, mode: str, ranges: Ranges | None = None
 ) -> tuple[list[str], str]:
     """No Kafka position has two rows across both tables (upsert: the dead-letter table and
-    positions in both tables; a table's own duplicates are the MERGE's business)."""
+    positions in both tables; a table's own duplicates are the MERGE's business). A position
+    an earlier generation of a recreated topic committed too holds one row per generation
+    (``ranges``)."""
     problems: list[str] = []
     parts = (main.partitions() if main else set()) | (dead.partitions() if dead else set())
     rows = 0
@@ -398,6 +468,11 @@ def check_duplicates(
         a = main.offsets.get(tp, pa.array([], pa.int64())) if main else pa.array([], pa.int64())
         b = dead.offsets.get(tp, pa.array([], pa.int64())) if dead else pa.array([], pa.int64())
         rows += len(a) + len(b)
+        if ranges is not None and ranges.generations.get(tp) and mode == "append":
+            problem = _more_than_one_per_generation(tp, a, b, ranges)
+            if problem:
+                problems.append(problem)
+            continue
         findings = []
         if mode == "append":
             twice = pc.value_counts(a)
@@ -424,16 +499,34 @@ def check_duplicates(
     return problems, f"{rows} rows, no Kafka position twice {scope}"
 
 
+def _more_than_one_per_generation(tp: TP, a: pa.Array, b: pa.Array, ranges: Ranges) -> str | None:
+    """The duplicates finding of a partition whose topic was recreated: each position holds at
+    most one row (in either table) per generation that committed it."""
+    counts = pc.value_counts(pa.chunked_array([a, b], pa.int64()).combine_chunks())
+    offsets, n = counts.field("values"), counts.field("counts")
+    allowed = pc.add(ranges.older_cover(tp, offsets), 1)
+    over = offsets.filter(pc.greater(pc.cast(n, pa.int64()), allowed))
+    if not len(over):
+        return None
+    generations = len(ranges.generations[tp]) + 1
+    return (
+        f"{tp[0]}:{tp[1]}: {len(over)} offset(s) hold more rows across the two tables than the "
+        f"{generations} generations of the topic (deleted and created again) that committed "
+        f"them ({_examples(over.sort())}): those records are written more than once"
+    )
+
+
 def judged_spans(audit: Audit, tp: TP, unknown_start: int | None) -> list[tuple[int, int]]:
     """The committed ranges of ``tp`` that the checks position by position judge: above the
-    floor (log cleanup), and a range whose start is not recorded (the pipeline's very first
-    batch on a partition starts where ``kafka.starting_offsets`` put it) from
-    ``unknown_start`` (None: such a range is not judged)."""
+    floor (log cleanup), of the topic's current generation (an earlier one was deleted with
+    its records), and a range whose start is not recorded (the pipeline's very first batch on
+    a partition starts where ``kafka.starting_offsets`` put it) from ``unknown_start`` (None:
+    such a range is not judged)."""
     floor = audit.floor(tp)
     if audit.cleaned and floor is None:
         return []
     spans = []
-    for lo, hi in audit.ranges.merged(tp):
+    for lo, hi in audit.ranges.current(tp):
         if lo < 0:
             if unknown_start is None:
                 continue
@@ -606,11 +699,19 @@ def _read_range(
 
 
 def check_against_kafka(
-    read: KafkaRead, main: Positions | None, dead: Positions | None, mode: str
+    read: KafkaRead,
+    main: Positions | None,
+    dead: Positions | None,
+    mode: str,
+    ranges: Ranges | None = None,
 ) -> tuple[list[str], str, list[str]]:
     """(problems, summary, notes): every record Kafka holds in the committed ranges is in the
     table or the dead-letter table, no row sits where Kafka has no record, and each row is the
-    record Kafka holds at its position (where both keep its timestamp)."""
+    record Kafka holds at its position (where both keep its timestamp). Where an earlier
+    generation of a recreated topic committed a position too (``ranges``), its row is there
+    besides the current record's: the record is in a table when the position holds more rows
+    than the earlier generations, and only rows at positions no earlier generation holds are
+    compared with Kafka's."""
     problems: list[str] = []
     records = 0
     for tp in sorted(read.offsets):
@@ -623,8 +724,19 @@ def check_against_kafka(
             if held
             else pa.array([], pa.int64())
         )
+        older = ranges is not None and bool(ranges.generations.get(tp))
         if main is not None and mode == "append":
-            missing = kafka.filter(pc.invert(pc.is_in(kafka, value_set=rows)))
+            if older:
+                assert ranges is not None
+                per = pc.value_counts(rows)
+                held_n = pa.table({"offset": per.field("values"), "n": per.field("counts")})
+                at = pa.table({"offset": kafka}).join(held_n, "offset", join_type="left outer")
+                at = at.sort_by("offset")
+                n = pc.fill_null(pc.cast(at.column("n"), pa.int64()), 0)
+                offsets = at.column("offset").combine_chunks()
+                missing = offsets.filter(pc.less_equal(n, ranges.older_cover(tp, offsets)))
+            else:
+                missing = kafka.filter(pc.invert(pc.is_in(kafka, value_set=rows)))
             if len(missing):
                 problems.append(
                     f"{tp[0]}:{tp[1]}: {len(missing)} record(s) Kafka holds in the committed "
@@ -644,6 +756,10 @@ def check_against_kafka(
             ours = pa.table({"offset": x.offsets[tp], "ms": x.stamps[tp]})
             theirs = pa.table({"offset": kafka, "kafka_ms": read.stamps[tp]})
             joined = ours.join(theirs, "offset", join_type="inner")
+            if older:
+                assert ranges is not None
+                at = joined.column("offset").combine_chunks()
+                joined = joined.filter(pc.equal(ranges.older_cover(tp, at), 0))
             differ = joined.filter(pc.not_equal(joined.column("ms"), joined.column("kafka_ms")))
             if differ.num_rows:
                 differ = differ.sort_by("offset")
@@ -800,7 +916,7 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
         checks.append(("rows", problems, summary))
         notes += more
     if main is not None or dead is not None:
-        checks.append(("duplicates", *check_duplicates(main, dead, mode)))
+        checks.append(("duplicates", *check_duplicates(main, dead, mode, ranges)))
     if main is not None and mode == "append" and not against_kafka:
         unfilled = count_unfilled(main, dead, judged)
         if unfilled:
@@ -817,7 +933,7 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
         else:
             wanted = {tp: spans for tp, spans in judged.items() if tp[1] in on_kafka.get(tp[0], [])}
             read = read_kafka(config, wanted, marks)
-            problems, summary, more = check_against_kafka(read, main, dead, mode)
+            problems, summary, more = check_against_kafka(read, main, dead, mode, ranges)
             checks.append(("kafka", problems, summary))
             notes += more
 

@@ -1,25 +1,25 @@
 """The fencing rule (I6): a batch commits only where the table's stored offsets end.
 
-One rule, applied by both sinks inside their commit (atomically, see each sink) and before any
-task runs (``Sink.check``). It guards the **main table** only: the dead-letter table keeps its
-own rule, by position (:mod:`.dead_letters`), because a rewind legitimately re-reads ranges
+One rule, applied by both sinks inside their commit (atomically, see each sink) and before any task
+runs (``Sink.check``). It guards the **main table** only: the dead-letter table keeps its own rule,
+by position (:mod:`kafka_delta.sinks.dead_letters`), because a rewind legitimately re-reads ranges
 whose dead letters are already there.
 
 What the rule knows of the operator's explicit moves:
 
-- an ``offsets reset`` is a commit of the pipeline like a batch: the stored offsets are the
-  reset's, and a batch planned before it does not start there, so it is refused; at the next
-  start the checkpoint is set aside (:mod:`.recovery`) and the run starts at the reset offsets;
-- a Delta ``RESTORE`` is seen by the one reader of stored offsets (:mod:`.stored_offsets`): the
-  stored offsets are those in effect at the version restored to, so the records the restore
-  removed are read again;
+- an ``offsets reset`` is a commit of the pipeline like a batch: the stored offsets are the reset's,
+  and a batch planned before it does not start there, so it is refused; at the next start the
+  checkpoint is set aside (:mod:`kafka_delta.recovery`) and the run starts at the reset offsets;
+- a Delta ``RESTORE`` is seen by the one reader of stored offsets
+  (:mod:`kafka_delta.offsets.stored`): the stored offsets are those in effect at the version
+  restored to, so the records the restore removed are read again;
 - a partition Kafka no longer holds at the stored position (topic deleted and recreated) may
   move backwards only when ``kafka.fail_on_data_loss`` is off; the batch records it as
   ``rewound``.
 
 Anything else that does not line up is another run of the pipeline: this run's batch stops
 before it writes, with :class:`FencingError`, which ends the run with one sentence and exit
-code 3 (:mod:`.main`); its restart recovers by itself.
+code 3 (:mod:`kafka_delta.cli`); its restart recovers by itself.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ def check_contiguous(
     Partition by partition:
 
     - one the table stores an offset for must start exactly there;
-    - one the table stores nothing for (a first batch, a topic or partition new to the
-      pipeline) must start no later than ``firsts`` says: where the pipeline's rule of first
-      reads puts it (:func:`.offsets.first_offset`: Kafka's earliest offset, or the configured
-      starting offsets on the pipeline's first run), so a start that skips records Kafka still
-      holds is never taken silently; one ``firsts`` does not name has no explanation and is
-      fenced. Spark's kafka source starts batch 0 at its initial offsets (``{topic: {p: 0}}``
-      on a new topic), the embedded source at ``{}``: both pass by this one rule;
+    - one the table stores nothing for (a first batch, a topic or partition new to the pipeline)
+      must start no later than ``firsts`` says: where the pipeline's rule of first reads puts it
+      (:func:`kafka_delta.offsets.model.first_offset`: Kafka's earliest offset, or the configured
+      starting offsets on the pipeline's first run), so a start that skips records Kafka still holds
+      is never taken silently; one ``firsts`` does not name has no explanation and is fenced.
+      Spark's kafka source starts batch 0 at its initial offsets (``{topic: {p: 0}}`` on a new
+      topic), the embedded source at ``{}``: both pass by this one rule;
     - one in the table but not in ``start`` (a topic dropped from the subscription) keeps its
       offset, and is not compared.
 

@@ -9,7 +9,7 @@ Why the offsets ride in the Delta commit
 A micro-batch is durable when its Delta commit exists. Writing the batch's end offsets in that
 same commit (``userMetadata``) makes "data written" and "offsets advanced" one atomic event:
 there is no window in which one is true and the other is not. Kafka's consumer group only gets
-a copy afterwards, for lag monitoring (see :mod:`.commit_back`).
+a copy afterwards, for lag monitoring (see :mod:`kafka_delta.kafka.commit_back`).
 
 Why appId = pipeline id + checkpoint query id (I2, I3)
 ------------------------------------------------------
@@ -40,15 +40,19 @@ Delta checkpoints keep ``txn`` actions but not ``commitInfo``, and log cleanup d
 commits older than ``delta.logRetentionDuration``. A pipeline idle for longer than that while
 other writers commit would lose its ``userMetadata`` offsets. The delta-rs sink therefore also
 writes one txn per partition whose version is the partition's end offset, as kafka-delta-ingest
-does; they are read back when the log no longer holds a commit of the pipeline
-(:func:`stored_from_transactions`). delta-spark's writer carries a single txn (the fence), so
-the delta-spark sink keeps a copy of each commit's record beside the table, named by the fence's
-seq, and reads the copy of the seq the fence txn names: see :mod:`.cluster.commit_copies`.
+does. delta-spark's writer carries a single txn (the fence), so the delta-spark sink keeps a
+copy of each commit's record beside the table, named by the fence's seq
+(:mod:`kafka_delta.sinks.delta_spark.commit_copies`). Neither is the truth once log cleanup
+removed the pipeline's commits: a Delta RESTORE reverts no txn action and no copy, so both may
+still name a batch the table no longer holds. The reader then recomputes the offsets from the
+rows the table holds (:func:`kafka_delta.offsets.stored.from_the_rows`), and the copies only
+lend their topic ids.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -57,7 +61,8 @@ from dataclasses import dataclass, field, replace
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
 METADATA_KEY = "kafka_delta"
 # The folder inside a table where the pipeline keeps what is not Delta's: run leases
-# (run_lease.py) and, for delta-spark, copies of its commit records (cluster/commit_copies.py).
+# (recovery/lease.py) and, for delta-spark, copies of its commit records
+# (sinks/delta_spark/commit_copies.py).
 # Delta's readers and VACUUM skip folders whose names start with "_".
 TABLE_SIDE_FOLDER = "_kafka_delta"
 METADATA_FORMAT = 1
@@ -205,11 +210,30 @@ def partition_app_id(pipeline_id: str, topic: str, partition: int) -> str:
     return f"{pipeline_id}:offset:{topic}:{partition}"
 
 
-def offsets_seq_app_id(pipeline_id: str) -> str:
-    """The txn appId whose version is the ``seq`` of the commit that last wrote the partition
-    offset txns: they describe the newest commit only when it equals the fence's version (a
-    delta-spark commit advances the fence without writing them)."""
-    return f"{pipeline_id}:offsets-at"
+def topic_id_app_id(pipeline_id: str, topic: str) -> str:
+    """The txn appId whose version is the digest of the Kafka topic id the pipeline last
+    recorded for ``topic`` (:func:`topic_id_digest`): Delta checkpoints keep it through log
+    cleanup, which removes the commits whose metadata names the id itself."""
+    return f"{pipeline_id}:topic-id:{topic}"
+
+
+# A topic id known only by its digest (read back from a txn action after log cleanup).
+DIGEST_PREFIX = "digest:"
+
+
+def topic_id_digest(topic_id: str) -> int:
+    """A txn version standing for ``topic_id``: 62 bits of its SHA-256 (a txn version is a
+    non-negative long; two ids share a digest with odds of 2^-62). A digest passes through."""
+    if topic_id.startswith(DIGEST_PREFIX):
+        return int(topic_id.removeprefix(DIGEST_PREFIX))
+    return int.from_bytes(hashlib.sha256(topic_id.encode()).digest()[:8], "big") >> 2
+
+
+def same_topic_id(a: str, b: str) -> bool:
+    """Whether two recorded topic ids (either may be a digest) name one topic."""
+    if a.startswith(DIGEST_PREFIX) or b.startswith(DIGEST_PREFIX):
+        return topic_id_digest(a) == topic_id_digest(b)
+    return a == b
 
 
 @dataclass(frozen=True)
@@ -226,6 +250,10 @@ class BatchCommit:
     # position (the topic was deleted and recreated) and the config allows skipping
     # (kafka.fail_on_data_loss: false). Recorded in the commit, for the audit trail.
     rewound: tuple[tuple[str, int], ...] = ()
+    # Where the rewound partitions' stored offsets stood before (the old topic's end): `offsets
+    # verify` counts the old topic's rows below it as another generation of the topic, also
+    # once log cleanup removed the commits that wrote them.
+    rewound_from: Offsets | None = None
     # The batch's start offsets as the checkpoint planned them (absent in commits written
     # before they were recorded): `offsets verify` checks each range begins where the previous
     # one ended, so a gap or an overlap is found rather than assumed away.
@@ -249,6 +277,11 @@ class BatchCommit:
                     "seq": self.seq,
                     "offsets": offsets_to_json(self.end_offsets),
                     **({"rewound": [list(tp) for tp in self.rewound]} if self.rewound else {}),
+                    **(
+                        {"rewound_from": offsets_to_json(self.rewound_from)}
+                        if self.rewound_from
+                        else {}
+                    ),
                     **(
                         {"start": offsets_to_json(self.start_offsets)}
                         if self.start_offsets is not None
@@ -286,17 +319,21 @@ class BatchCommit:
 
     def transactions(self) -> list[tuple[str, int]]:
         """Every ``(appId, version)`` txn action of this commit on a sink that can write
-        several (delta-rs): the checkpoint's batch (I2, I3), the fence (I6) and one per
-        partition's end offset (kept across log cleanup), dated by ``offsets-at``. See the
-        module docstring."""
+        several (delta-rs): the checkpoint's batch (I2, I3), the fence (I6), one per
+        partition's end offset (a topic removed from the config keeps its offsets) and one per
+        topic's id, as a digest (a topic deleted and created again is still recognised after
+        log cleanup). See the module docstring."""
         return [
             (self.app_id, self.batch_id),
             (fence_app_id(self.pipeline_id), self.seq),
-            (offsets_seq_app_id(self.pipeline_id), self.seq),
             *(
                 (partition_app_id(self.pipeline_id, topic, p), offset)
                 for topic, parts in sorted(self.end_offsets.items())
                 for p, offset in sorted(parts.items())
+            ),
+            *(
+                (topic_id_app_id(self.pipeline_id, topic), topic_id_digest(topic_id))
+                for topic, topic_id in sorted((self.topic_ids or {}).items())
             ),
         ]
 
@@ -317,8 +354,8 @@ class StoredOffsets:
     batch_id: int | None
     seq: int = 0
     expired: bool = False
-    # The commit's record as written (a copy of it is kept, see cluster/commit_copies.py); not
-    # part of what the offsets are.
+    # The commit's record as written (delta-spark keeps a copy of it:
+    # sinks/delta_spark/commit_copies.py); not part of what the offsets are.
     user_metadata: str | None = field(default=None, compare=False)
     # The metadata of an operator's reset when the stored offsets come from one (None for a
     # batch, or when read from txn actions after log cleanup).
@@ -329,12 +366,20 @@ class StoredOffsets:
     restore: Mapping[str, int] | None = None
     # Kafka's topic ids the commit recorded (None: not recorded, or read from txn actions).
     topic_ids: Mapping[str, str] | None = field(default=None, compare=False)
+    # Set when log cleanup removed every commit of the pipeline and the offsets were
+    # recomputed from the rows the table holds (offsets.stored.from_the_rows).
+    recomputed: bool = False
 
     def describe(self) -> str:
         if self.restore is not None and self.delta_version is None and not self.offsets:
             return (
                 f"none: Delta version {self.restore['version']} restored the table to version "
                 f"{self.restore['to']}, before the pipeline's first commit"
+            )
+        if self.recomputed:
+            return (
+                f"offsets recomputed from its rows (commit {self.seq} of the pipeline; log "
+                "cleanup removed its commits)"
             )
         if self.app_id is None:
             return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
@@ -376,6 +421,7 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
         # Commits written before the fence txn existed carry no seq: they count as 0.
         seq=int(body.get("seq", 0)),
         rewound=tuple((str(t), int(p)) for t, p in body.get("rewound", [])),
+        rewound_from=(offsets_from_json(body["rewound_from"]) if "rewound_from" in body else None),
         start_offsets=offsets_from_json(body["start"]) if "start" in body else None,
         reset=body["reset"] if isinstance(body.get("reset"), dict) else None,
         topic_ids=(

@@ -7,33 +7,34 @@ its txn actions, and (delta-spark sink) the copies of the pipeline's commit reco
 
 In order:
 
-1. The newest commit of the pipeline **in effect** in the retained log: a Delta RESTORE hides
-   the commits it undid (:mod:`.table_history`); the fence seq is then taken past every seq the
-   undone commits used, since neither engine's RESTORE reverts txn actions (delta-spark would
+1. The newest commit of the pipeline **in effect** in the retained log: a Delta RESTORE hides the
+   commits it undid (:mod:`kafka_delta.offsets.history`); the fence seq is then taken past every seq
+   the undone commits used, since neither engine's RESTORE reverts txn actions (delta-spark would
    otherwise skip the next commit as a replay of the fence).
-2. After log cleanup removed every commit of the pipeline: the copy of the commit the fence txn
-   names (:mod:`.cluster.commit_copies`), else the per-partition offset txns the delta-rs sink
-   writes (:func:`.offsets.stored_from_transactions`).
-3. Partitions the record does not name but the caller subscribes to (a topic removed from the
-   config and added back) take their offset txn, when one survives: the offsets of a removed
-   topic are not forgotten, even after a log cleanup made a commit without them.
+2. After log cleanup removed every commit of the pipeline: recomputed from the rows the table
+   holds (:func:`from_the_rows`). The fence txn, the per-partition offset txns and the commit
+   copies survive cleanup, but a RESTORE reverts none of them: they are hints, and a hint is
+   only used where it can prove it agrees with the commits in effect. There is one truth: the
+   offsets of the pipeline's commits live in the table's current snapshot.
+3. Partitions the record does not name but the caller reads take where the table's rows end
+   (a commit written before records carried removed topics forward left them out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from kafka_delta.offsets.history import RestoreUnreadableError, iter_live, restores_in
 from kafka_delta.offsets.model import (
-    TABLE_SIDE_FOLDER,
+    DIGEST_PREFIX,
     Offsets,
     StoredOffsets,
     fence_app_id,
-    offsets_seq_app_id,
     parse_user_metadata,
     partition_app_id,
+    topic_id_app_id,
 )
 
 Partitions = Callable[[], Mapping[str, Iterable[int]]]
@@ -54,6 +55,14 @@ class TableLog(Protocol):
         """The copy of the pipeline's commit ``seq`` kept beside the table, if any."""
         ...
 
+    def row_positions(
+        self, topics: Collection[str] | None = None
+    ) -> Mapping[tuple[str, int], int] | None:
+        """The highest Kafka offset of the live rows of each (topic, partition) (of ``topics``
+        only, when given), read from the rows' own ``topic``, ``partition`` and ``offset``
+        columns; None when the rows carry no such columns (a transform that drops them)."""
+        ...
+
 
 def read_stored(
     log: TableLog, pipeline_id: str, partitions: Partitions | None = None
@@ -69,13 +78,7 @@ def read_stored(
         seq = log.transaction_version(fence_app_id(pipeline_id))
         if seq is None:
             return None
-        stored = log.commit_copy(seq)
-        if stored is None:
-            if partitions is None:
-                return None
-            stored = stored_from_transactions(log.transaction_version, pipeline_id, partitions())
-        if stored is None:
-            return None
+        return from_the_rows(log, pipeline_id, seq)
     if stored.restore is not None:
         fence = log.transaction_version(fence_app_id(pipeline_id))
         if fence is not None and fence > stored.seq:
@@ -83,28 +86,102 @@ def read_stored(
         # The undone commits' offset txns were not reverted either: none of them is taken.
         return stored
     if partitions is not None:
-        stored = _with_removed_topics(log, pipeline_id, stored, partitions())
+        stored = _with_unnamed_partitions(log, pipeline_id, stored, partitions())
     return stored
 
 
-def _with_removed_topics(
+def from_the_rows(log: TableLog, pipeline_id: str, seq: int) -> StoredOffsets:
+    """Where the table ends when log cleanup removed every commit of the pipeline: recomputed
+    from the rows the table holds now, never taken from a hint that cannot prove itself.
+
+    The fence txn (``seq``), the per-partition offset txns (delta-rs sink) and the commit copies
+    (delta-spark sink) all survive cleanup, and all of them still name the newest batch even
+    when a RESTORE undid it (neither engine's RESTORE reverts txn actions) and the RESTORE's own
+    commit was cleaned up since: resuming from them would skip the restored-away records for
+    good. The rows cannot be wrong that way: a record at or below the highest offset a
+    partition's rows hold is in the table (a batch is one commit, and a RESTORE undoes whole
+    commits), and reading from the next offset on never skips a record the table lacks. Records
+    read again past it are ones that gave no row (a transform's filter, dead letters): they give
+    none again, and a dead letter is sent once per position. A partition with no row starts
+    where a partition new to the pipeline starts (its earliest offset). Why the rows and not the
+    data files a commit added: OPTIMIZE rewrites files and keeps the rows, so a file a batch
+    added may be gone while its rows are in effect. Reading the three position columns costs
+    one scan of the table, once, at the start after such a cleanup.
+
+    A table whose rows carry no position (the transform drops topic, partition or offset)
+    cannot prove where it ends: the run stops with one sentence."""
+    positions = log.row_positions()
+    if positions is None:
+        raise OffsetsExpiredError(
+            f"Delta log cleanup removed every commit of pipeline {pipeline_id!r}, and the "
+            "table's rows carry no Kafka position (the transform drops topic, partition or "
+            "offset), so nothing left can prove where the table ends: the txn actions still "
+            f"name commit {seq} even if a RESTORE undid it. Nothing was read or written. Set "
+            "the offsets to where the table ends with `offsets reset --to-offsets "
+            "TOPIC:PARTITION=OFFSET,... --allow-rewind --allow-skip --execute` (or "
+            "--to-datetime), then start again.",
+            seq=seq,
+        )
+    offsets: Offsets = {}
+    for (topic, partition), highest in sorted(positions.items()):
+        offsets.setdefault(topic, {})[partition] = highest + 1
+    copy = log.commit_copy(seq)
+    return StoredOffsets(
+        offsets,
+        None,
+        None,
+        None,
+        seq=seq,
+        expired=True,
+        recomputed=True,
+        topic_ids=copy.topic_ids
+        if copy is not None
+        else _topic_id_digests(log, pipeline_id, offsets),
+    )
+
+
+def _topic_id_digests(log: TableLog, pipeline_id: str, offsets: Offsets) -> dict[str, str] | None:
+    """The topic ids the delta-rs sink's txn actions keep, as digests (``digest:<n>``), of the
+    topics in ``offsets``; None when none is kept (a table written before they were)."""
+    found = {
+        topic: f"{DIGEST_PREFIX}{digest}"
+        for topic in offsets
+        if (digest := log.transaction_version(topic_id_app_id(pipeline_id, topic))) is not None
+    }
+    return found or None
+
+
+def _with_unnamed_partitions(
     log: TableLog,
     pipeline_id: str,
     stored: StoredOffsets,
     partitions: Mapping[str, Iterable[int]],
 ) -> StoredOffsets:
-    """``stored`` plus the offset txns of partitions it does not name: every commit of the
-    delta-rs sink writes the txn of each partition it stores, so a partition's txn is its last
-    stored offset, also when a later record lost it (log cleanup while its topic was out of the
-    config)."""
+    """``stored`` plus where the table's rows end for the partitions the caller reads that the
+    record does not name. Every commit carries the offsets of partitions it did not read
+    forward (:meth:`.model.BatchCommit.on_top_of`), so this only finds rows a commit written
+    before that carried nothing forward left behind (a topic out of the config at the time).
+    The rows, not the partition's offset txn: a RESTORE reverts no txn, so the txn may name a
+    batch the RESTORE undid. Only where the rows carry no position is the txn taken, as the
+    one hint left."""
+    missing = {
+        topic: [int(p) for p in parts if int(p) not in stored.offsets.get(topic, {})]
+        for topic, parts in partitions.items()
+    }
+    missing = {topic: parts for topic, parts in missing.items() if parts}
+    if not missing:
+        return stored
+    positions = log.row_positions(sorted(missing))
     found: dict[str, dict[int, int]] = {}
-    for topic, parts in partitions.items():
+    for topic, parts in missing.items():
         for p in parts:
-            if p in stored.offsets.get(topic, {}):
-                continue
-            offset = log.transaction_version(partition_app_id(pipeline_id, topic, int(p)))
+            if positions is not None:
+                highest = positions.get((topic, p))
+                offset = None if highest is None else highest + 1
+            else:
+                offset = log.transaction_version(partition_app_id(pipeline_id, topic, p))
             if offset is not None:
-                found.setdefault(topic, {})[int(p)] = offset
+                found.setdefault(topic, {})[p] = offset
     if not found:
         return stored
     offsets = {topic: dict(parts) for topic, parts in stored.offsets.items()}
@@ -133,49 +210,14 @@ def newest_stored(
     return None
 
 
-def stored_from_transactions(
-    txn_version: Callable[[str], int | None],
-    pipeline_id: str,
-    partitions: Mapping[str, Iterable[int]],
-) -> StoredOffsets | None:
-    """The pipeline's stored offsets rebuilt from the txn actions a Delta checkpoint keeps
-    (``txn_version(app_id)`` -> version or None), for ``partitions``; None when the table has
-    no fence txn of this pipeline (never written with txn offsets)."""
-    seq = txn_version(fence_app_id(pipeline_id))
-    if seq is None:
-        return None
-    written_at = txn_version(offsets_seq_app_id(pipeline_id))
-    # Tables written before the offsets-at txn existed hold none: their offset txns were
-    # written by every commit (delta-rs sink alone) and are taken as they are.
-    if written_at is not None and written_at != seq:
-        raise OffsetsExpiredError(
-            f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
-            "txn), but Delta log cleanup removed that commit and no copy of it "
-            f"({TABLE_SIDE_FOLDER}/{pipeline_id}/commits/{seq}.json beside the table) is left; the "
-            f"table's offset txns are those of the older commit {written_at}, so resuming from "
-            "them would read records twice. Nothing was read or written. Set the offsets "
-            "explicitly (README, 'Delta log cleanup')."
-        )
-    offsets: Offsets = {}
-    for topic, parts in partitions.items():
-        for p in parts:
-            offset = txn_version(partition_app_id(pipeline_id, topic, p))
-            if offset is not None:
-                offsets.setdefault(topic, {})[int(p)] = offset
-    if not offsets:
-        raise OffsetsExpiredError(
-            f"the table's newest commit of pipeline {pipeline_id!r} is commit {seq} (its fence "
-            "txn), but Delta log cleanup removed that commit, and neither an offset txn for any "
-            f"of {sorted(partitions)} nor a copy of the commit ({TABLE_SIDE_FOLDER}/{pipeline_id}/"
-            f"commits/{seq}.json beside the table) is left to say where it ended. Nothing was "
-            "read or written. Set the offsets explicitly (README, 'Delta log cleanup'), and keep "
-            "delta.logRetentionDuration above the pipeline's longest pause."
-        )
-    return StoredOffsets(offsets, None, None, None, seq=seq, expired=True)
-
-
 class OffsetsExpiredError(RuntimeError):
-    """The pipeline has committed to the table, but its offsets are no longer readable."""
+    """The pipeline has committed to the table, but its offsets are no longer readable;
+    ``seq``: the pipeline's newest commit number (its fence txn), when known: an ``offsets
+    reset`` to explicit offsets commits on top of it."""
+
+    def __init__(self, message: str, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
 
 
 # History is read newest first in growing pages: the pipeline's own commit is normally the
@@ -188,8 +230,8 @@ def newest_stored_paged(
 ) -> StoredOffsets | None:
     """:func:`newest_stored` over ``history(limit)`` (newest first; None = the whole retained
     log), reading no more of the log than it must, and as the table is in effect: commits a
-    Delta RESTORE undid are passed over (:mod:`.table_history`) and the result names the
-    restore. When a restore took the table back to before the pipeline's first commit, the
+    Delta RESTORE undid are passed over (:mod:`kafka_delta.offsets.history`) and the result
+    names the restore. When a restore took the table back to before the pipeline's first commit, the
     result holds no offsets (``delta_version`` None) but names the restore."""
     for limit in HISTORY_PAGES:
         page = history(limit)

@@ -12,8 +12,11 @@ So, where the table's commit recorded an id and Kafka now reports another:
 - ``false``: the recreated topic's stored offsets are forgotten and it is read from its
   earliest offset; the commit records the partitions it moves backwards as ``rewound``.
 
-Commits written before ids were recorded, offsets rebuilt from txn actions after log cleanup,
-and brokers that do not describe topic ids carry no id: nothing is compared then.
+After Delta log cleanup removed every commit that names the ids, they are read from what
+survives it: a txn action per topic whose version is a digest of the id (delta-rs sink,
+:func:`.model.topic_id_digest`) or the copy of the newest commit record (delta-spark sink).
+Commits written before ids were recorded, and brokers that do not describe topic ids, carry no
+id: nothing is compared then.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from kafka_delta.offsets.model import StoredOffsets
+from kafka_delta.offsets.model import StoredOffsets, same_topic_id
 
 
 class TopicRecreatedError(RuntimeError):
@@ -37,7 +40,7 @@ def recreated_topics(
     return {
         topic: (old, current[topic])
         for topic, old in stored.topic_ids.items()
-        if topic in current and current[topic] != old and topic in stored.offsets
+        if topic in current and not same_topic_id(old, current[topic]) and topic in stored.offsets
     }
 
 

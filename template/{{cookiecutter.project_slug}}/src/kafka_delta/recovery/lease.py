@@ -19,6 +19,13 @@ here only when hostname, boot id (``/proc/sys/kernel/random/boot_id``) and PID n
 (``/proc/self/ns/pid``) all match; where either id cannot be read, on either side (no
 ``/proc``), the heartbeat decides, as for another host.
 
+The lease is also the checkpoint's: a run refuses to start, before it reads or writes
+anything (the checkpoint's recovery included, which may rename it), while another active run
+holds a lease on the same checkpoint (:class:`CheckpointInUseError`). Two runs that start at
+the same moment both write their lease before either reads the others'; each then sees the
+other, and the one whose lease is older by ``(started_ms, run_id)`` (values both read from
+the same files, so both agree whatever the clocks say) goes on while the other stops.
+
 A lease wrongly judged active (its run is gone but its heartbeat is still fresh, or a clock is
 off) never blocks an operator for good: the message names the lease file to delete, and
 ``offsets reset --no-run-check`` skips the check (the Delta fence still refuses a reset
@@ -28,7 +35,7 @@ The lease is advisory. What makes a reset safe even when a run was missed (a hos
 is off, a table location the lease cannot be written to) is the Delta fence: the reset is one
 commit of the pipeline's fence txn made without retries, so it and a pipeline commit cannot
 both land on the same stored offsets, and a running pipeline's next batch then stops with a
-fencing error instead of ignoring the reset (see :mod:`.offsets`).
+fencing error instead of ignoring the reset (see :mod:`kafka_delta.offsets.fencing`).
 """
 
 from __future__ import annotations
@@ -61,6 +68,10 @@ STALE_AFTER_SECONDS = 30.0
 
 class LeaseUnavailableError(RuntimeError):
     """The lease folder of a table cannot be read or written (an unsupported location)."""
+
+
+class CheckpointInUseError(RuntimeError):
+    """Another active run of the pipeline holds the checkpoint this run would use."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +191,7 @@ def _runs_folder(
     table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None
 ) -> tuple[pafs.FileSystem, str]:
     """The lease folder, reached with the table's storage options (an object store's endpoint,
-    region and credentials are the commit's: see :mod:`.table_storage`)."""
+    region and credentials are the commit's: see :mod:`kafka_delta.sinks.table_storage`)."""
     try:
         filesystem, root = open_filesystem(table_uri, storage_options, create=False)
     except Exception as exc:
@@ -193,6 +204,20 @@ def read_leases(
 ) -> list[Lease]:
     """Every lease file of ``pipeline_id`` under the table, active or not."""
     filesystem, folder = _runs_folder(table_uri, pipeline_id, storage_options)
+    return read_leases_in(filesystem, folder, table_uri)
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two checkpoint locations name one folder (a local path, resolved; else the
+    URI as written, without a trailing slash)."""
+    la, lb = local_path(a), local_path(b)
+    if la is not None and lb is not None:
+        return la.resolve() == lb.resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def read_leases_in(filesystem: pafs.FileSystem, folder: str, table_uri: str) -> list[Lease]:
+    """Every lease file in ``folder``, the lease folder of the table ``table_uri``."""
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     except OSError as exc:
@@ -228,6 +253,7 @@ class RunLease:
         self._fs, self._folder = _runs_folder(
             config.delta.table, config.pipeline_id, config.delta.storage_options
         )
+        self._table_uri = config.delta.table
         self._table = local_path(config.delta.table)
         # A run that writes nothing (bad config, a bad record) must not leave a table folder
         # behind: on release, the folders the lease created are removed again when empty.
@@ -306,6 +332,35 @@ class RunLease:
             except OSError:
                 break
 
+    def first_on_checkpoint(self) -> None:
+        """Raise :class:`CheckpointInUseError` when another active run holds a lease on this
+        run's checkpoint and came first (see the module docstring); call after
+        :meth:`acquire`, before anything else."""
+        mine = self.lease
+        here = HostIdentity.here()
+        with self._lock:
+            leases = read_leases_in(self._fs, self._folder, self._table_uri)
+        rivals = [
+            lease
+            for lease in leases
+            if lease.run_id != mine.run_id
+            and same_checkpoint(lease.checkpoint, mine.checkpoint)
+            and is_active(lease, here=here)
+            and (lease.started_ms, lease.run_id) < (mine.started_ms, mine.run_id)
+        ]
+        if rivals:
+            other = rivals[0]
+            now = _now_ms()
+            raise CheckpointInUseError(
+                f"checkpoint {mine.checkpoint} is in use by another run of pipeline "
+                f"{mine.pipeline_id} (pid {other.pid} on {other.host}, started "
+                f"{(now - other.started_ms) / 1000:.0f}s ago, heartbeat "
+                f"{(now - other.heartbeat_ms) / 1000:.0f}s ago): one checkpoint takes one run. "
+                "Nothing was read or written. Let that run finish or stop it, or give this run "
+                "a checkpoint of its own; if you know that run is gone, delete its lease file "
+                f"{other.path} and start again."
+            )
+
     @classmethod
     @contextmanager
     def hold(
@@ -323,6 +378,8 @@ class RunLease:
             )
             lease = None
         try:
+            if lease is not None:
+                lease.first_on_checkpoint()
             yield lease
         finally:
             if lease is not None:

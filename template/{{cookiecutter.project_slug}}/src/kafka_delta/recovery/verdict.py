@@ -14,6 +14,10 @@ position the checkpoint would resume from is compared with the table's stored of
   reset`` with rewind, committed after the checkpoint's last commit to the table: positions in
   the Delta log, never clocks): set aside as well; the run reads the records again from the
   offsets the operator chose;
+- **ahead of the table after log cleanup removed the pipeline's commits**: the stored offsets
+  are where the table's rows end (:func:`kafka_delta.offsets.stored.from_the_rows`), and the
+  records past them either are not in the table (a RESTORE whose commit was cleaned up) or
+  gave no row: set aside, and read again from the rows' end;
 - **ahead of the table without one**: the table lost commits the checkpoint saw (a table
   replaced or rolled back outside Delta's RESTORE). Nothing explains which records to re-read,
   so the run stops with one sentence.
@@ -140,6 +144,14 @@ def _operator_move_after(stored: StoredOffsets, ours: int | None) -> str | None:
     if stored.reset is not None and stored.delta_version is not None:
         if ours is None or stored.delta_version > ours:
             return f"the table's offsets were reset ({stored.describe()})"
+    if stored.recomputed:
+        # Nothing left in the log says what moved the table since the checkpoint: the offsets
+        # are where its rows end (offsets.stored.from_the_rows), and reading on from there
+        # takes again only records that gave no row (filtered, dead letters: written once).
+        return (
+            "log cleanup removed the pipeline's commits, and the table's rows end before this "
+            "checkpoint (a RESTORE since, or the checkpoint's last records gave no row)"
+        )
     if stored.restore is not None and (ours is None or stored.restore["version"] > ours):
         return (
             f"Delta version {stored.restore['version']} restored the table to version "
@@ -149,12 +161,19 @@ def _operator_move_after(stored: StoredOffsets, ours: int | None) -> str | None:
 
 
 def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str) -> str:
-    """Rename the checkpoint to ``<location>.set-aside-<UTC time>`` (kept, never deleted) and
+    """Rename the checkpoint to ``<location>.set-aside-<UTC time>`` (kept, never deleted; a
+    ``-2``, ``-3``... suffix when a checkpoint was set aside there in the same second) and
     return the new location; the run then starts a new checkpoint at the table's offsets."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target = f"{checkpoint.location}.set-aside-{stamp}"
+    base = f"{checkpoint.location}.set-aside-{stamp}"
+    target = base
     local = local_path(checkpoint.location)
     try:
+        exists = _exists_locally if local is not None else _hadoop_exists(spark)
+        for n in range(2, 1000):
+            if not exists(target):
+                break
+            target = f"{base}-{n}"
         if local is not None:
             local.rename(local_path(target))  # type: ignore[arg-type]
         else:
@@ -172,6 +191,25 @@ def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str
         reason,
     )
     return target
+
+
+def _exists_locally(location: str) -> bool:
+    path = local_path(location)
+    return path is not None and (path.exists() or path.is_symlink())
+
+
+def _hadoop_exists(spark: SparkSession | None) -> Callable[[str], bool]:
+    """Whether a location exists, on the checkpoint's Hadoop file system."""
+    if spark is None:
+        raise RuntimeError("no Spark session to reach the checkpoint's file system")
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]  (no JVM under Spark Connect)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+
+    def exists(location: str) -> bool:
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        return bool(path.getFileSystem(conf).exists(path))
+
+    return exists
 
 
 def _rename_with_hadoop(spark: SparkSession | None, source: str, target: str) -> None:

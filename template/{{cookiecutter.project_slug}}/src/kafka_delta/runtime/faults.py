@@ -1,4 +1,4 @@
-"""Named crash points, for fault-injection tests only (scripts/chaos, the I1 tests).
+"""Named crash points, for fault-injection tests only (scripts/chaos, scripts/ops, the I1 tests).
 
 When the environment variable ``KAFKA_DELTA_CRASH_AT`` names a point, the whole pipeline
 (driver, JVM and Python workers) is killed with SIGKILL the moment execution reaches it, after
@@ -6,6 +6,11 @@ When the environment variable ``KAFKA_DELTA_CRASH_AT`` names a point, the whole 
 one comparison. The harness must start the pipeline in a session of its own
 (``start_new_session=True``): the kill targets that session's leader group, and PySpark's
 worker daemon, which moves itself to a group of its own, so it never reaches the harness.
+
+In one process (scripts/ops, which keeps its runs and its Spark session in one process),
+:func:`armed` makes a point on the driver raise :class:`InjectedCrash` instead: the batch stops
+there and the query fails, leaving the durable state (Delta, Spark's checkpoint) a SIGKILL at
+that point leaves.
 
 Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
 ``after_dead_letters`` (dead letters committed, main commit not yet), ``after_data_files``
@@ -20,6 +25,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 POINTS = frozenset(
     {
@@ -43,9 +51,42 @@ if _TARGET is not None and _TARGET not in POINTS:
     raise ValueError(f"KAFKA_DELTA_CRASH_AT={_TARGET!r} is not one of {sorted(POINTS)}")
 
 
+@dataclass
+class _Armed:
+    point: str
+    after: int
+    passes: int = 0
+
+
+# In-process arming (armed()), or None.
+_armed: _Armed | None = None
+
+
+class InjectedCrash(RuntimeError):
+    """A batch stopped at an armed crash point (:func:`armed`)."""
+
+
+@contextmanager
+def armed(name: str, after: int = 0) -> Iterator[None]:
+    """Within the block, the driver raises :class:`InjectedCrash` when it reaches ``name`` for
+    the ``after + 1``-th time."""
+    global _armed
+    if name not in POINTS:
+        raise ValueError(f"{name!r} is not one of {sorted(POINTS)}")
+    _armed = _Armed(name, after)
+    try:
+        yield
+    finally:
+        _armed = None
+
+
 def crash_point(name: str) -> None:
-    """Kill the whole pipeline here if the test environment asks for it."""
+    """Kill the whole pipeline here if the test environment asks for it (or raise, armed)."""
     global _passes
+    if _armed is not None and _armed.point == name:
+        _armed.passes += 1
+        if _armed.passes > _armed.after:
+            raise InjectedCrash(f"crash point {name}")
     if _TARGET != name:
         return
     _passes += 1

@@ -23,7 +23,7 @@ module. ``SPARK_CLASS_ARCHIVE=off`` turns it off; ``SPARK_CLASS_ARCHIVE=<dir>`` 
 in ``<dir>`` instead of ``${XDG_CACHE_HOME:-~/.cache}/spark-class-archive``. An archive not used
 for 30 days is deleted.
 
-    python -m <pkg>.jvm_archive options --pid <pid of the JVM to start>
+    python -m kafka_delta.runtime.jvm_archive options --pid <pid of the JVM to start>
 """
 
 from __future__ import annotations

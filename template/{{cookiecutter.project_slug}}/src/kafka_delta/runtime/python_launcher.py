@@ -21,7 +21,7 @@ launcher applies (its pyspark is not a pip package with the zips inside). Launch
 ``${XDG_CACHE_HOME:-~/.cache}/spark-python``, one per interpreter and pyspark; an unwritable cache
 costs the speed-up, never the run.
 
-    python -m <pkg>.python_launcher    # the launcher's path, or the interpreter's own
+    python -m kafka_delta.runtime.python_launcher    # the launcher's path, or the interpreter's own
 """
 
 from __future__ import annotations

@@ -5,7 +5,11 @@ own Delta table with their Kafka position, original key and value and the error,
 **before** the batch's main commit, so a crash between the two loses none (I7).
 
 What was sent is tracked **by position**, not by the highest stored offset: a dead letter is
-sent unless the dead-letter table already holds a row at its ``(topic, partition, offset)``.
+sent unless the dead-letter table already holds a row at its ``(topic id, partition, offset)``.
+A position's identity includes Kafka's topic id (column ``topic_id``): a topic deleted and
+created again under the same name is another topic, and its records' dead letters are sent even
+where the old topic had one at the same partition and offset. Rows written before the column
+existed (``topic_id`` null) match by the topic's name.
 That is what makes every path idempotent without losing anything:
 
 - a batch retried by the same checkpoint finds its txn ``(app_id, batch_id)`` and writes nothing;
@@ -17,13 +21,13 @@ That is what makes every path idempotent without losing anything:
 
 The dead-letter table's commits carry the pipeline's record too (tag, txn, seq), but its stored
 offsets only ever move forward (per partition, the furthest batch end that sent dead letters):
-the main table's fencing rule (:mod:`.fencing`) is not theirs.
+the main table's fencing rule (:mod:`kafka_delta.offsets.fencing`) is not theirs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -45,6 +49,11 @@ log = logging.getLogger(__name__)
 # The columns of a dead-letter row: the original Kafka record and the error.
 DEAD_LETTER_KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
 POSITION = ["topic", "partition", "offset"]
+# Kafka's id of the record's topic (null when the broker does not report one).
+TOPIC_ID = "topic_id"
+
+Position = tuple[str, int, int]
+TopicIds = Mapping[str, str] | None
 
 
 class DeadLetterError(RuntimeError):
@@ -96,27 +105,34 @@ def split_dead_letters_df(out: DataFrame) -> Materialized:
     return Materialized(good, dead, release=cached.unpersist)
 
 
-def dead_letter_records(df: DataFrame, dead: pa.Table) -> DataFrame:
-    """The original Kafka records of the dead letters, with their error, as a DataFrame the
-    dead-letter sink writes like any batch (from the executors).
+def dead_letter_records(df: DataFrame, dead: pa.Table, topic_ids: TopicIds = None) -> DataFrame:
+    """The original Kafka records of the dead letters, with their error and their topic's id
+    (``topic_ids``: the batch's), as a DataFrame the dead-letter sink writes like any batch
+    (from the executors).
 
     Only the marked positions (a few rows, broadcast) are looked up again in the batch's input
     (its offset ranges are fixed, so the records are the same), which costs nothing when no
     record is bad.
     """
     spark = df.sparkSession
+    ids = dict(topic_ids or {})
     positions = spark.createDataFrame(
-        dead.select([*POSITION, DEAD_LETTER_COLUMN]).to_pylist(),
-        f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string",
+        [
+            {**row, TOPIC_ID: ids.get(row["topic"])}
+            for row in dead.select([*POSITION, DEAD_LETTER_COLUMN]).to_pylist()
+        ],
+        f"topic string, partition int, offset long, {DEAD_LETTER_COLUMN} string, {TOPIC_ID} string",
     ).withColumnRenamed(DEAD_LETTER_COLUMN, "error")
     joined = df.join(F.broadcast(positions), POSITION, "inner")
-    return joined.select(*(_original(joined, c) for c in DEAD_LETTER_KAFKA_COLUMNS), "error")
+    return joined.select(
+        *(_original(joined, c) for c in DEAD_LETTER_KAFKA_COLUMNS), "error", TOPIC_ID
+    )
 
 
 def _original(df: DataFrame, column: str) -> Column:
-    """``column`` as the Kafka record had it. A decoded batch (:mod:`.decoding`) no longer
-    carries the value's bytes (nor the key's, when the key is decoded): the decoder keeps them
-    in ``_raw_value`` / ``_raw_key`` for the records it could not decode; a record the
+    """``column`` as the Kafka record had it. A decoded batch (:mod:`kafka_delta.decoding`) no
+    longer carries the value's bytes (nor the key's, when the key is decoded): the decoder keeps
+    them in ``_raw_value`` / ``_raw_key`` for the records it could not decode; a record the
     transform rejects after decoding keeps its position, and its bytes stay in Kafka."""
     raw = f"_raw_{column}"
     if column not in ("key", "value") or raw not in df.columns:
@@ -127,37 +143,46 @@ def _original(df: DataFrame, column: str) -> Column:
 
 
 def positions_held(
-    table_uri: str, storage_options: dict[str, str] | None, dead: pa.Table
-) -> set[tuple[str, int, int]]:
-    """The positions of ``dead`` that the dead-letter table already holds (read with delta-rs,
-    which reads the tables of both sinks; only the three position columns, filtered)."""
+    table_uri: str,
+    storage_options: dict[str, str] | None,
+    dead: pa.Table,
+    topic_ids: TopicIds = None,
+) -> set[Position]:
+    """The positions of ``dead`` that the dead-letter table already holds for the same topic
+    (``topic_ids``: the batch's; see the module docstring), read with delta-rs, which reads the
+    tables of both sinks: only the position columns, filtered."""
     from kafka_delta.sinks.delta_rs.offset_store import open_table
 
     table = open_table(table_uri, storage_options)
     if table is None or dead.num_rows == 0:
         return set()
     offsets = pa.array(sorted(set(dead.column("offset").to_pylist())), pa.int64())
-    found = table.to_pyarrow_dataset().to_table(
-        columns=POSITION, filter=pc.field("offset").isin(offsets)
+    dataset = table.to_pyarrow_dataset()
+    with_ids = TOPIC_ID in dataset.schema.names
+    found = dataset.to_table(
+        columns=[*POSITION, TOPIC_ID] if with_ids else POSITION,
+        filter=pc.field("offset").isin(offsets),
     )
-    held = set(
-        zip(
-            found.column("topic").to_pylist(),
-            found.column("partition").to_pylist(),
-            found.column("offset").to_pylist(),
-            strict=True,
-        )
-    )
-    wanted = zip(
+    held_ids: dict[Position, set[str | None]] = {}
+    for row in found.to_pylist():
+        position = (row["topic"], int(row["partition"]), int(row["offset"]))
+        held_ids.setdefault(position, set()).add(row.get(TOPIC_ID))
+    ids = dict(topic_ids or {})
+    held: set[Position] = set()
+    for t, p, o in zip(
         dead.column("topic").to_pylist(),
         dead.column("partition").to_pylist(),
         dead.column("offset").to_pylist(),
         strict=True,
-    )
-    return {(t, int(p), int(o)) for t, p, o in wanted if (t, int(p), int(o)) in held}
+    ):
+        position = (t, int(p), int(o))
+        there = held_ids.get(position)
+        if there and (None in there or ids.get(t) is None or ids[t] in there):
+            held.add(position)
+    return held
 
 
-def unsent_dead_letters(dead: pa.Table, held: set[tuple[str, int, int]]) -> pa.Table:
+def unsent_dead_letters(dead: pa.Table, held: set[Position]) -> pa.Table:
     """The dead letters at positions the dead-letter table does not hold yet."""
     if not held or dead.num_rows == 0:
         return dead
@@ -192,7 +217,7 @@ class DeadLetterQueue:
         sink: Sink | None,
         offsets: OffsetStore | None,
         storage_options: dict[str, str] | None = None,
-        held: Callable[[str, dict[str, str] | None, pa.Table], set] = positions_held,
+        held: Callable[..., set[Position]] = positions_held,
     ) -> None:
         self.sink = sink
         self.offsets = offsets
@@ -211,7 +236,8 @@ class DeadLetterQueue:
                 "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
             )
         table = self.sink.table_uri
-        unsent = unsent_dead_letters(dead, self._held(table, self.storage_options, dead))
+        held = self._held(table, self.storage_options, dead, commit.topic_ids)
+        unsent = unsent_dead_letters(dead, held)
         if unsent.num_rows == 0:
             log.info(
                 "batch %d: its %d dead letter(s) are already in %s: nothing sent",
@@ -230,7 +256,7 @@ class DeadLetterQueue:
             log.warning("cannot read the offsets %s stores: %s", table, exc)
             stored = None
         record = forward_only(commit, stored.offsets if stored is not None else {})
-        result = self.sink.commit_batch(dead_letter_records(df, unsent), record)
+        result = self.sink.commit_batch(dead_letter_records(df, unsent, commit.topic_ids), record)
         if result.written:
             log.warning(
                 "batch %d: %d record(s) sent to the dead-letter table %s",

@@ -21,7 +21,7 @@ def embedded_source_options(
     read_tasks: int,
     decode: DecodeSpec | None = None,
 ) -> dict[str, str]:
-    """Options of the ``kafka_embedded`` data source (see :mod:`.source`) for ``kafka``."""
+    """Options of the ``kafka_embedded`` data source (:mod:`.kafka_datasource`) for ``kafka``."""
     extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
     options = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,

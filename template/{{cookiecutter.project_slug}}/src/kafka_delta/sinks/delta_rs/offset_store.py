@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from kafka_delta.offsets.model import StoredOffsets
 from kafka_delta.offsets.stored import Partitions, newest_commit_version, read_stored
+
+# The columns that say where a row came from in Kafka (the transform keeps them).
+POSITION = ("topic", "partition", "offset")
 
 
 def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
@@ -20,9 +25,9 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaT
 
 
 class DeltaRsLog:
-    """A table's log as :func:`..stored_offsets.read_stored` reads it, through one delta-rs
-    snapshot; ``copies(seq)`` reads the copy of a delta-spark commit record, when the caller
-    can (see :mod:`..cluster.commit_copies`)."""
+    """A table's log as :func:`kafka_delta.offsets.stored.read_stored` reads it, through one
+    delta-rs snapshot; ``copies(seq)`` reads the copy of a delta-spark commit record, when the
+    caller can (see :mod:`kafka_delta.sinks.delta_spark.commit_copies`)."""
 
     def __init__(
         self,
@@ -41,11 +46,32 @@ class DeltaRsLog:
     def commit_copy(self, seq: int) -> StoredOffsets | None:
         return self._copies(seq) if self._copies is not None else None
 
+    def row_positions(
+        self, topics: Collection[str] | None = None
+    ) -> dict[tuple[str, int], int] | None:
+        names = set(pa.schema(self.table.schema().to_arrow()).names)
+        if not set(POSITION) <= names:
+            return None
+        wanted = None if topics is None else pc.field("topic").isin(sorted(topics))
+        rows = self.table.to_pyarrow_dataset().to_table(columns=list(POSITION), filter=wanted)
+        highest = rows.group_by(["topic", "partition"]).aggregate([("offset", "max")])
+        return {
+            (t, int(p)): int(o)
+            for t, p, o in zip(
+                highest["topic"].to_pylist(),
+                highest["partition"].to_pylist(),
+                highest["offset_max"].to_pylist(),
+                strict=True,
+            )
+            if t is not None and p is not None and o is not None
+        }
+
 
 def newest_stored_in(
     table: DeltaTable, pipeline_id: str, partitions: Partitions | None = None
 ) -> StoredOffsets | None:
-    """This pipeline's stored offsets in ``table``'s snapshot (see :mod:`..stored_offsets`)."""
+    """This pipeline's stored offsets in ``table``'s snapshot (read by
+    :mod:`kafka_delta.offsets.stored`)."""
     return read_stored(DeltaRsLog(table), pipeline_id, partitions)
 
 

@@ -3,33 +3,29 @@ cannot take the pipeline's offsets.
 
 Why they exist
 --------------
-The offsets ride in each commit's ``userMetadata`` (see :mod:`..offsets`). Delta checkpoints do
-not keep ``commitInfo``, and log cleanup deletes JSON commits older than
+The offsets ride in each commit's ``userMetadata`` (:mod:`kafka_delta.offsets.model`). Delta
+checkpoints do not keep ``commitInfo``, and log cleanup deletes JSON commits older than
 ``delta.logRetentionDuration``: a pipeline idle that long while other writers committed finds no
-commit of its own in the log. The delta-rs sink survives that with one txn action per partition.
-delta-spark's writer (options and session confs alike) carries exactly ONE txn per commit, the
-pipeline's fence ``txn(<pipeline>:fence, seq)``: after cleanup the Delta checkpoint still says
-*which* commit of the pipeline is the newest (``seq``), but not its offsets.
+commit of its own in the log. delta-spark's writer (options and session confs alike) carries
+exactly ONE txn per commit, the pipeline's fence ``txn(<pipeline>:fence, seq)``: after cleanup
+the Delta checkpoint still says *which* commit of the pipeline is the newest (``seq``), but not
+what it recorded.
 
 So after every commit it has confirmed as its own, the delta-spark sink writes that commit's
 record (the very ``userMetadata`` JSON, and its Delta version) to
-``<table>/_kafka_delta/<pipeline_id>/commits/<seq>.json``. When the log no longer holds a commit
-of the pipeline, the offset store reads the fence's ``seq`` from the table's txn actions and the
-copy of that one commit.
+``<table>/_kafka_delta/<pipeline_id>/commits/<seq>.json``: written to a temporary name and
+renamed (a crash never leaves half a copy under its name), and written again at start-up from
+the log's own commit when a crash came between the commit and the copy.
 
-Why a copy is as good as the commit
------------------------------------
-- One commit per ``seq``: the fence txn admits exactly one commit of the pipeline at each seq
-  (a second run conflicts or is skipped, :mod:`.sink`), and the copy of seq S is written only
-  after the sink read the log back and saw that commit S is this batch, or, at start-up, from
-  the log's own commit S when a crash came between the commit and the copy. Its content is a
-  pure function of commit S: never of a plan, never of a run that lost.
-- It is read only for the seq that the table's own fence txn names, so a copy left by a table
-  RESTOREd to an older version is never mistaken for the current one; a missing copy still
-  stops the pipeline with :class:`..offsets.OffsetsExpiredError`: nothing is guessed.
-- Written to a temporary name and renamed, so a crash never leaves half a copy under its name.
-- Folders whose names start with ``_`` are hidden from VACUUM (delta-spark and delta-rs) and
-  from readers (only files the log names are table data): the copies live as long as the table.
+What a copy is worth
+--------------------
+A hint, never the truth about offsets: a Delta RESTORE reverts neither the fence txn nor a
+copy, so once log cleanup removed the RESTORE's own commit, the copy the fence names may be of
+a batch the table no longer holds. After cleanup the offsets are therefore recomputed from the
+rows the table holds (:func:`kafka_delta.offsets.stored.from_the_rows`); the copy lends its
+topic ids (a topic deleted and created again is still recognised) and its record to
+``offsets show``. Folders whose names start with ``_`` are hidden from VACUUM (delta-spark and
+delta-rs) and from readers (only files the log names are table data).
 
 The files go through Spark's Hadoop file system, with the credentials the table's own writes
 use (local paths, ``s3a://``, ``abfss://``, ``dbfs:/`` alike).

@@ -1,19 +1,19 @@
 """The pipeline's stored offsets in a table written with delta-spark (the delta-spark sink's).
 
-The sink reads the log twice a batch (its check, then the read-back that proves the commit is
-this batch's) and the offset store at every start. Spark's own reader of the history
-(``DeltaTable.history()``) costs a query and a snapshot update each time; delta-rs reads the
-same log directly, without Spark: a snapshot from the last Delta checkpoint and the commits
-after it (5-7 ms here for a local table). :class:`TableLogReader` reads through delta-rs, and
-through Spark only a table delta-rs cannot open (a reader feature it lacks, a file system it
-cannot reach), saying so once. Either way :func:`..stored_offsets.read_stored` reads the same
-commits, so the guarantees do not depend on which engine read them.
+The sink reads the log twice a batch (its check, then the read-back that proves the commit is this
+batch's) and the offset store at every start. Spark's own reader of the history
+(``DeltaTable.history()``) costs a query and a snapshot update each time; delta-rs reads the same
+log directly, without Spark: a snapshot from the last Delta checkpoint and the commits after it (5-7
+ms here for a local table). :class:`TableLogReader` reads through delta-rs, and through Spark only a
+table delta-rs cannot open (a reader feature it lacks, a file system it cannot reach), saying so
+once. Either way :func:`kafka_delta.offsets.stored.read_stored` reads the same commits, so the
+guarantees do not depend on which engine read them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -36,7 +36,7 @@ def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
 
 
 class DeltaSparkLog:
-    """A table's log as :func:`..stored_offsets.read_stored` reads it through Spark, for a
+    """A table's log as :func:`kafka_delta.offsets.stored.read_stored` reads it through Spark, for a
     table delta-rs cannot open: the history through delta-spark (a query), txn actions through
     delta-rs (delta-spark's Python API has no reader of them; opened only when asked), the
     commit copies through Spark's file system."""
@@ -73,6 +73,23 @@ class DeltaSparkLog:
 
     def commit_copy(self, seq: int) -> StoredOffsets | None:
         return self.copies.read(seq) if self.copies is not None else None
+
+    def row_positions(
+        self, topics: Collection[str] | None = None
+    ) -> dict[tuple[str, int], int] | None:
+        from pyspark.sql import functions as F
+
+        frame = self.table.toDF()
+        if not {"topic", "partition", "offset"} <= set(frame.columns):
+            return None
+        if topics is not None:
+            frame = frame.filter(F.col("topic").isin(sorted(topics)))
+        rows = frame.groupBy("topic", "partition").agg(F.max("offset").alias("highest")).collect()
+        return {
+            (r["topic"], int(r["partition"])): int(r["highest"])
+            for r in rows
+            if r["topic"] is not None and r["partition"] is not None and r["highest"] is not None
+        }
 
 
 class TableLogReader:
@@ -121,7 +138,7 @@ def newest_stored_in(
     partitions: Callable[[], Mapping[str, list[int]]] | None = None,
 ) -> StoredOffsets | None:
     """This pipeline's stored offsets in the table ``reader`` reads (see
-    :mod:`..stored_offsets`); None when there is no table or no commit of the pipeline."""
+    :mod:`kafka_delta.offsets.stored`); None when there is no table or no commit of the pipeline."""
     table_log = reader.read()
     return None if table_log is None else read_stored(table_log, pipeline_id, partitions)
 
@@ -156,4 +173,7 @@ class DeltaSparkOffsetStore:
 
     def commit_version(self, app_id: str) -> int | None:
         """The Delta version of the newest commit ``app_id`` (one checkpoint) made here."""
-        return newest_commit_version(self.reader.history, self.pipeline_id, app_id)
+        table_log = self.reader.read()
+        if table_log is None:
+            return None
+        return newest_commit_version(table_log.history, self.pipeline_id, app_id)

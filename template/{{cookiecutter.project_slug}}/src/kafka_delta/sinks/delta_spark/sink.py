@@ -2,8 +2,8 @@
 
 Needs the delta-spark jars (built into Databricks Runtime; elsewhere ``spark-submit --packages
 io.delta:delta-spark_<Spark major.minor>_2.13:<version>``, see
-:func:`..connectors.connector_packages`, or ``--jars`` from a local folder, with Delta's session
-extension and catalog).
+:func:`kafka_delta.runtime.connectors.connector_packages`, or ``--jars`` from a local folder, with
+Delta's session extension and catalog).
 
 - append: ``DataFrameWriter`` options ``txnAppId``/``txnVersion`` and ``userMetadata``;
 - upsert: MERGE, which takes no writer options, so the same three values go through the
@@ -12,7 +12,8 @@ extension and catalog).
   afterwards even when it fails (:func:`delta_txn_confs`).
 
 delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
-``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see :mod:`..offsets`).
+``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see
+:mod:`kafka_delta.offsets.model`).
 
 Fencing (I6), atomic: the stored offsets must equal the batch's start, checked on the history
 before the batch's tasks run (:meth:`DeltaSparkSink.check`; the write does not read it again);
