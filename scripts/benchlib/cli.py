@@ -11,8 +11,6 @@ from .sweep import FULL_RECORDS, SWEEP_PARTITIONS, scaled_batch_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 JARS_ENV = "KAFKA_DELTA_JARS"
-# Where the build machines keep Delta Lake jars compiled for Spark 4.2 (.ci/run uses the same).
-SHARED_JARS = REPO.parent / "shared" / "jars" / "delta-4.4.0"
 RSS_BATCH_SIZES = (50_000, 1_000_000)
 
 
@@ -22,12 +20,9 @@ def default_batch_size(records: int) -> int:
 
 
 def default_delta_jars() -> str | None:
-    """$KAFKA_DELTA_JARS (as the engine's pytest plugin reads it), else the build machines'
-    shared folder when it exists; None: row 6 reports that it has no jars."""
-    configured = os.environ.get(JARS_ENV)
-    if configured:
-        return configured
-    return str(SHARED_JARS) if SHARED_JARS.is_dir() else None
+    """$KAFKA_DELTA_JARS (as the engine's pytest plugin reads it); None: rows 6 and 7 report
+    that they have no jars."""
+    return os.environ.get(JARS_ENV) or None
 
 
 def _int_list(text: str) -> list[int]:
@@ -59,8 +54,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     parser.add_argument(
         "--delta-jars",
         default=default_delta_jars(),
-        help=f"folder of delta-spark jars for row 6 (default ${JARS_ENV}, else {SHARED_JARS} "
-        "when it exists)",
+        help=f"folder of delta-spark jars for rows 6 and 7 (default ${JARS_ENV})",
     )
     sweep = parser.add_argument_group("sweep (batch fixed cost and marginal cost per record)")
     sweep.add_argument(
