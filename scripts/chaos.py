@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             storage_options,
         )
         log(f"stored offsets == group committed == latest: {verdict.offsets_ok}")
+        columns = DeltaTable(str(table), storage_options=storage_options).schema().to_arrow()
+        log(f"table columns: {', '.join(columns.names)}")
         if recoveries:
             log(
                 f"restart to first committed batch: median {statistics.median(recoveries):.1f}s, "

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from skips import DELTA, missing_connectors
 
 REPO = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(
@@ -25,8 +25,9 @@ LAST_LINE = re.compile(
     [
         ("delta_rs", "json", "disk"),
         ("delta_spark", "json", "disk"),
-        ("delta_rs", "avro", "disk"),
-        ("delta_rs", "json", "s3"),
+        # Avro with a schema change and a table in a bucket, in one run: each is its own
+        # mechanism (decoding and add_columns; the object store's commits and side files).
+        ("delta_rs", "avro", "s3"),
     ],
 )
 def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once(
@@ -36,8 +37,8 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
     field in the middle of the kills: the table gains the column, and no record is lost or
     doubled across the restarts the change causes. With ``s3``, the table lives in a bucket of
     a local S3 API (moto's server on loopback)."""
-    if sink == "delta_spark" and not os.environ.get("KAFKA_DELTA_JARS"):
-        pytest.skip("delta-spark jars not on the classpath (set KAFKA_DELTA_JARS)")
+    if sink == "delta_spark" and DELTA in missing_connectors(os.environ):
+        pytest.skip(f"{DELTA} jars not on the classpath")
     result = subprocess.run(
         [
             sys.executable,
@@ -78,8 +79,8 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
     assert "killed by crash point after_delta_commit;" in output
     if value_format == "avro":
         assert "producers move to schema version 2" in output
-        table = tmp_path / "chaos" / "orders-stream" / "data" / "tables" / "orders_stream"
-        assert "channel" in DeltaTable(str(table)).schema().to_arrow().names
+        (columns,) = re.findall(r"\] table columns: (.*)$", output, re.MULTILINE)
+        assert "channel" in columns.split(", "), columns
     if table_on == "s3":
         assert "table=s3://chaos/orders" in output
     print(last)
