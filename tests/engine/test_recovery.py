@@ -298,6 +298,12 @@ def test_a_restore_then_log_cleanup_then_a_lost_checkpoint_reads_the_undone_batc
         Pipeline(spark, cfg).run()
     _restore(spark, sink_engine["sink"], cfg.delta.table, 1)  # 20-29 undone
     _clean_up_the_log(cfg.delta.table)
+    # `offsets show` says where the offsets now come from, and they end where the rows do.
+    from kafka_delta.commands.offsets import show
+
+    shown = show(cfg)["stored"]
+    assert shown["source"] == "rows (log cleaned up)", shown
+    assert sum(shown["offsets"][topic].values()) == 20, shown
     shutil.rmtree(cfg.checkpoint)
     produce_events(kafka_bootstrap, [topic], 10, first_id=30)
 

@@ -135,9 +135,11 @@ class OffsetStore(Protocol):
     def read(
         self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
     ) -> StoredOffsets | None:
-        """Offsets of this pipeline's newest commit in the table; when log cleanup removed it,
-        the offsets kept as txn actions for ``partitions()`` (a lazy Kafka metadata query);
-        None when the pipeline never committed to the table."""
+        """Offsets of this pipeline's newest commit in effect in the table; when log cleanup
+        removed every commit of the pipeline, recomputed from the rows the table holds
+        (:func:`kafka_delta.offsets.stored.from_the_rows`); ``partitions()`` (a lazy Kafka
+        metadata query) names the partitions the run reads, so those the newest commit does
+        not name are found too. None when the pipeline never committed to the table."""
         ...
 
     def commit_version(self, app_id: str) -> int | None:

@@ -257,7 +257,11 @@ def show(config: PipelineConfig) -> dict[str, Any]:
             "app_id": stored.app_id,
             "seq": stored.seq,
             "committed_at": _time(commit.timestamp_ms) if commit else None,
-            "source": "commit" if commit else "txn actions (log cleaned up)",
+            "source": "commit"
+            if commit
+            else "rows (log cleaned up)"
+            if stored.recomputed
+            else "none (a RESTORE took the table back to before the pipeline's first commit)",
             "reset": dict(stored.reset) if stored.reset is not None else None,
             "offsets": offsets_to_json(stored.offsets),
         },
@@ -315,7 +319,9 @@ def render_show(doc: dict[str, Any]) -> str:
             else f"batch {stored['batch_id']} of {stored['app_id']}"
         )
     else:
-        where, what = "the table's txn actions (log cleaned up)", "-"
+        # after log cleanup (the offsets recomputed from the rows), or none left after a RESTORE
+        source = stored["source"]
+        where, what = (f"the table's {source}" if source.startswith("rows") else source), "-"
     lines = [
         f"pipeline {doc['pipeline_id']}: table {doc['table']} (Delta version "
         f"{doc['table_version']}): {doc['rows']} rows; {dead}",

@@ -26,7 +26,8 @@ Why it is safe while the pipeline commits:
   (left by crashed batches) once older than the retention;
 - both engines' vacuum skip folders whose names start with ``_``: ``_delta_log`` and
   ``_kafka_delta/`` (run leases, delta-spark commit copies) are never listed, let alone deleted;
-- a checkpoint keeps the txn actions (it is what keeps offsets through log cleanup).
+- a checkpoint keeps the txn actions (the fence, and the topic ids a recreated topic is known
+  by after log cleanup; the offsets then come from the rows).
 
 Exit status: 0 done (or nothing to do), 1 a step failed (after its retries), 2 bad input or a
 retention the command refuses (one sentence, nothing done).

@@ -343,10 +343,10 @@ class StoredOffsets:
     """The newest offsets this pipeline committed to the table, and where they were found.
 
     Read from the newest commit of the pipeline in the retained log, every field is known and
-    ``user_metadata`` is that commit's record as written. After log cleanup removed that commit
-    (``expired``), they come from a copy of its record (delta-spark sink: every field but
-    ``user_metadata``) or from the txn actions (delta-rs sink: only ``offsets`` and ``seq``;
-    ``delta_version``, ``app_id`` and ``batch_id`` are then None)."""
+    ``user_metadata`` is that commit's record as written. After log cleanup removed every commit
+    of the pipeline (``expired``), the offsets are recomputed from the rows the table holds
+    (``recomputed``: only ``offsets``, ``seq`` and ``topic_ids`` are known; ``delta_version``,
+    ``app_id`` and ``batch_id`` are None)."""
 
     offsets: Offsets
     delta_version: int | None
@@ -382,7 +382,10 @@ class StoredOffsets:
                 "cleanup removed its commits)"
             )
         if self.app_id is None:
-            return f"the table's txn actions (commit {self.seq} of the pipeline; log cleaned up)"
+            return (
+                f"unknown (commit {self.seq} of the pipeline; log cleanup removed its commits "
+                "and the rows carry no Kafka position)"
+            )
         if self.reset is not None:
             where = f"Delta version {self.delta_version} (a reset {describe_reset(self.reset)})"
         else:

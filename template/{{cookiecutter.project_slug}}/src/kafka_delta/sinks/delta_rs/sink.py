@@ -335,8 +335,9 @@ class DeltaRsSink:
     def stored_offsets(
         self, table: DeltaTable, commit: BatchCommit | None = None, start: Offsets | None = None
     ) -> StoredOffsets | None:
-        """This pipeline's newest stored offsets as of ``table``'s snapshot (after log cleanup,
-        from the txn actions of the partitions ``commit`` and ``start`` name)."""
+        """This pipeline's newest stored offsets as of ``table``'s snapshot (after log cleanup
+        removed its commits, recomputed from the rows; ``commit`` and ``start`` name the
+        partitions the batch reads)."""
         version = table.version()
         newer = (
             table.history(version - self._known[0])
