@@ -60,6 +60,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from process_exit import run_and_exit  # leaves with the real status, see there
+    from kafka_delta.runtime.process_exit import run_and_exit  # the real exit status, see there
 
     run_and_exit(main)

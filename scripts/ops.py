@@ -49,39 +49,19 @@ def log(message: str) -> None:
 def connector_confs(sink: str, jars: str | None) -> dict[str, str] | None:
     """The Spark confs delta-spark's jars need (None: none to be had here), as the test suite
     finds them: KAFKA_DELTA_CONNECTORS=packages fetches them, else the folder ``jars``."""
-    from kafka_delta.runtime.connectors import (
-        DELTA_SESSION_CONFS,
-        connector_packages,
-        local_connector_jars,
-    )
+    from kafka_delta_dev.local_spark import connector_confs as found
 
     if sink != "delta_spark":
         return {}
-    if os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages":
-        return {"spark.jars.packages": ",".join(connector_packages()), **DELTA_SESSION_CONFS}
-    if jars:
-        return {"spark.jars": ",".join(local_connector_jars(jars)), **DELTA_SESSION_CONFS}
-    return None
+    return found(jars, os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages") or None
 
 
 def spark_session(confs: dict[str, str]):
     from kafka_delta.runtime.python_launcher import use_for_spark
-    from pyspark.sql import SparkSession
+    from kafka_delta_dev.local_spark import local_session
 
     use_for_spark()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("ops")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-    )
-    for key, value in confs.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = local_session("ops", confs)
     # The runs' expected ends (fenced, stopped at a crash point) are Spark ERROR lines with
     # stack traces: the harness reports each outcome itself (engine.log has the engine's lines).
     spark.sparkContext.setLogLevel("FATAL")
@@ -168,6 +148,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from process_exit import run_and_exit  # leaves with the real status, see there
+    from kafka_delta.runtime.process_exit import run_and_exit  # the real exit status, see there
 
     run_and_exit(lambda: main(sys.argv[1:]))

@@ -185,24 +185,30 @@ class World:
     ) -> list[Record]:
         ids = list(range(model.next_id, model.next_id + count))
         model.next_id += count
-        placed = self._produce(topic, [event(i, rng) for i in ids], transactional)
-        records = [
-            Record(("id", i), topic, self.generation[topic], p, o)
-            for i, (p, o) in zip(ids, placed, strict=True)
-        ]
-        for r in records:
-            model.add(r)
-        return records
+        values = [event(i, rng) for i in ids]
+        return self._recorded(model, topic, [("id", i) for i in ids], values, transactional)
 
     def produce_bad(self, model: Model, topic: str, count: int) -> list[Record]:
         values = []
         for _ in range(count):
             values.append(f'{{"broken": {model.next_bad}, "id": '.encode())
             model.next_bad += 1
-        placed = self._produce(topic, values)
+        return self._recorded(model, topic, [("bad", v) for v in values], values)
+
+    def _recorded(
+        self,
+        model: Model,
+        topic: str,
+        keys: list[Key],
+        values: list[bytes],
+        transactional: bool = False,
+    ) -> list[Record]:
+        """Produce ``values`` and add each record, known by its key, to the model where it
+        landed."""
+        placed = self._produce(topic, values, transactional)
         records = [
-            Record(("bad", v), topic, self.generation[topic], p, o)
-            for v, (p, o) in zip(values, placed, strict=True)
+            Record(key, topic, self.generation[topic], p, o)
+            for key, (p, o) in zip(keys, placed, strict=True)
         ]
         for r in records:
             model.add(r)

@@ -103,33 +103,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def spark():
     if NO_JAVA:
         pytest.skip(NEEDS_JAVA)
-    from pyspark.sql import SparkSession
+    from kafka_delta_dev.local_spark import connector_confs, local_session
 
-    from kafka_delta.runtime.connectors import (
-        DELTA_SESSION_CONFS,
-        connector_packages,
-        local_connector_jars,
-    )
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        # as conf/local.yaml: streaming queries disable it anyway, with a warning
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.databricks.delta.snapshotPartitions", "2")  # as conf/local.yaml
-    )
-    if WITH_CONNECTORS:
-        builder = builder.config("spark.jars.packages", ",".join(connector_packages()))
-    if JARS_DIR:
-        builder = builder.config("spark.jars", ",".join(local_connector_jars(JARS_DIR)))
-    if WITH_CONNECTORS or JARS_DIR:
-        for key, value in DELTA_SESSION_CONFS.items():
-            builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    session = local_session("tests", connector_confs(JARS_DIR, WITH_CONNECTORS))
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
