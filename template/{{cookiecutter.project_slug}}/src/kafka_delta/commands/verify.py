@@ -360,23 +360,25 @@ def read_positions(table: DeltaTable, stamp_column: str) -> tuple[Positions | No
     frame = frame.sort_by(
         [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
     )
-    counts = frame.group_by(["topic", "partition"], use_threads=False).aggregate(
-        [("offset", "count")]
+    # Each partition's rows are one slice of the sorted frame, found by its first row's index:
+    # Arrow's group_by does not return groups in the order of a sorted input.
+    frame = frame.append_column("row", pa.array(range(frame.num_rows), pa.int64()))
+    groups = frame.group_by(["topic", "partition"], use_threads=False).aggregate(
+        [("row", "min"), ("row", "count")]
     )
     offsets: dict[TP, pa.Array] = {}
     stamps: dict[TP, pa.Array] | None = {} if "ms" in frame.column_names else None
-    at = 0
-    for t, p, n in zip(
-        counts.column("topic").to_pylist(),
-        counts.column("partition").to_pylist(),
-        counts.column("offset_count").to_pylist(),
+    for t, p, at, n in zip(
+        groups.column("topic").to_pylist(),
+        groups.column("partition").to_pylist(),
+        groups.column("row_min").to_pylist(),
+        groups.column("row_count").to_pylist(),
         strict=True,
     ):
         part = frame.slice(at, n)
         offsets[(t, p)] = part.column("offset").combine_chunks()
         if stamps is not None:
             stamps[(t, p)] = part.column("ms").combine_chunks()
-        at += n
     return Positions(frame.num_rows, offsets, stamps), ""
 
 
