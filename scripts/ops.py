@@ -9,9 +9,9 @@ from its seed (opslib/moves.py): records produced (good and bad), a run to the e
 run started and stopped, a run stopped dead at a named point in a batch, the checkpoint deleted,
 ``offsets reset`` forward (skip) and back (rewind) with and without a live run, Delta's RESTORE
 (live or not), Delta log cleanup, ``table maintain`` (``--full`` too), topics added, removed and
-created again, partitions added, two runs racing on two checkpoints. Where a run stops with one
-of the engine's expected sentences, the harness does what the sentence says (start again; reset
-a recreated topic's offsets).
+created again, partitions added, two runs racing on two checkpoints or on one. Where a run
+stops with one of the engine's expected sentences, the harness does what the sentence says
+(start again; reset a recreated topic's offsets).
 
 After every move nothing may be in the tables more often than the model allows; whenever the
 pipeline has caught up, nothing may be missing, and ``offsets verify --against-kafka`` must pass

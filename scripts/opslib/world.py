@@ -35,7 +35,7 @@ from kafka_delta_dev.produce import ensure_topics, event, produce_values
 from opslib.model import Key, Model, Record
 
 # How a run may end that an operator expects, by the exception that ends it: what to do next.
-EXPECTED = ("FencingError", "TopicRecreatedError", "InjectedCrash")
+EXPECTED = ("FencingError", "TopicRecreatedError", "InjectedCrash", "CheckpointInUseError")
 PARTITIONS = 2
 PER_BATCH = 40
 
