@@ -14,11 +14,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
-from kafka_delta.decoding.arrow_types import (
-    TIMESTAMP,
-    avro_to_arrow,
-    union_schemas,
-)
+from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder
 from kafka_delta.decoding.framing import Frame, parse
 from kafka_delta.decoding.registry import Registry, client_config
@@ -31,6 +27,7 @@ from kafka_delta.decoding.spec import (
     SchemaFileError,
     SchemaIncompatibleError,
 )
+from kafka_delta.decoding.versions import TIMESTAMP, union_schemas
 from kafka_delta_dev.produce import (
     order_event_avro,
     order_event_descriptor_set,
@@ -200,7 +197,7 @@ def test_versions_union_adds_fields_and_refuses_type_changes_and_removed_require
 
 
 def test_protobuf_from_a_descriptor_set_file_without_framing() -> None:
-    from kafka_delta.decoding.arrow_types import protobuf_to_arrow
+    from kafka_delta.decoding.protobuf_types import protobuf_to_arrow
 
     descriptor_set = order_event_descriptor_set(1)
     message = order_event_message(1)

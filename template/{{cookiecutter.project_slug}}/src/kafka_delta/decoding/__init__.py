@@ -5,6 +5,7 @@ against a schema file, Avro and Protobuf in Confluent's framing behind a Schema 
 schema, once per query); :mod:`.decoder` is the one decoder both engines run (the embedded
 source in its read task, the cluster engine through :mod:`.frames`), with the format decoders
 (:mod:`.json_decoder`, :mod:`.avro_decoder`, :mod:`.protobuf_decoder`) and what they share
-(:mod:`.columns`, :mod:`.arrow_types`, :mod:`.framing`, :mod:`.registry`); :mod:`.failures`
-reads its errors back out of Spark's exceptions.
+(:mod:`.columns`, :mod:`.framing`, :mod:`.registry`, each format's types in
+:mod:`.avro_types`, :mod:`.protobuf_types`, :mod:`.json_types`, and schema versions in
+:mod:`.versions`); :mod:`.failures` reads its errors back out of Spark's exceptions.
 """

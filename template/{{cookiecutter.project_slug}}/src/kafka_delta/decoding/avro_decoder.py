@@ -20,11 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka_delta.decoding.arrow_types import avro_to_arrow, compare_writer
+from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.columns import assemble
 from kafka_delta.decoding.framing import header_guids, parse
 from kafka_delta.decoding.registry import Registry
 from kafka_delta.decoding.spec import FieldSpec, SchemaChangedError, SchemaFileError
+from kafka_delta.decoding.versions import compare_writer
 
 # Logical types read as integers and cast per column: (the integer's Arrow type, micros per unit)
 _AS_INTEGERS = {

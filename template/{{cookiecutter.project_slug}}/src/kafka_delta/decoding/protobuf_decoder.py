@@ -7,16 +7,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka_delta.decoding.arrow_types import (
-    compare_writer,
-    is_repeated,
-    message_to_arrow,
-    protobuf_descriptor,
-)
 from kafka_delta.decoding.columns import assemble
 from kafka_delta.decoding.framing import header_guids, parse
+from kafka_delta.decoding.protobuf_types import is_repeated, message_to_arrow, protobuf_descriptor
 from kafka_delta.decoding.registry import Registry
 from kafka_delta.decoding.spec import FieldSpec, SchemaChangedError, SchemaFileError
+from kafka_delta.decoding.versions import compare_writer
 
 
 def _value(message: Any, field: Any) -> Any:

@@ -18,12 +18,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from kafka_delta.config import DecodingConfig, FormatConfig, PipelineConfig
-from kafka_delta.decoding.arrow_types import (
-    avro_to_arrow,
-    json_schema_to_arrow,
-    protobuf_to_arrow,
-    union_schemas,
-)
+from kafka_delta.decoding.avro_types import avro_to_arrow
+from kafka_delta.decoding.json_types import json_schema_to_arrow
+from kafka_delta.decoding.protobuf_types import protobuf_to_arrow
 from kafka_delta.decoding.registry import registry_for
 from kafka_delta.decoding.spec import (
     DecodeSpec,
@@ -32,6 +29,7 @@ from kafka_delta.decoding.spec import (
     RegistryUnavailableError,
     SchemaFileError,
 )
+from kafka_delta.decoding.versions import union_schemas
 
 
 def build_decode_spec(
