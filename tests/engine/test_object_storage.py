@@ -152,7 +152,7 @@ def test_two_runs_racing_on_one_s3_table_land_every_record_once(
     version lands once (delta-rs's conditional put), a run that loses is fenced (exit 3, one
     line); each checkpoint restarted ends with exit 0, and every record is in the table once."""
     topics = new_topics(1, partitions=2)
-    produce_events(kafka_bootstrap, topics, 2000)
+    produce_events(kafka_bootstrap, topics, 1000)
     base = s3_config(topics, max_records_per_trigger=250)
     configs = [
         _config_file(
@@ -182,13 +182,13 @@ def test_two_runs_racing_on_one_s3_table_land_every_record_once(
     for status, output in raced:
         assert status in (0, 3), output[-3000:]
         assert "Traceback" not in output and "\tat " not in output, output[-3000:]
-    produce_events(kafka_bootstrap, topics, 200, first_id=2000)
+    produce_events(kafka_bootstrap, topics, 200, first_id=1000)
     # Each checkpoint restarted: the loser's is set aside or resumes; both end with exit 0.
     for config in configs:
         ((status, output),) = run(config)
         assert status == 0, output[-3000:]
-    assert_exactly_once(base, 2200)
-    assert sum(table_ids(base).values()) == 2200
+    assert_exactly_once(base, 1200)
+    assert sum(table_ids(base).values()) == 1200
 
 
 def test_the_offsets_commands_read_a_delta_spark_commit_copy_in_a_bucket(object_store) -> None:
