@@ -5,6 +5,7 @@ A real registry process on a loopback port (the ``schema_registry`` fixture), no
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -175,7 +176,8 @@ def test_backward_refuses_an_added_field_without_default_and_a_type_change_with_
     assert client.test_compatibility(name, no_default) is False
     with pytest.raises(SchemaRegistryError) as refused:
         client.register_schema(name, no_default)
-    assert (refused.value.http_status_code, refused.value.error_code) == (409, 409)
+    # Confluent's code since its associations release (earlier releases answered 409)
+    assert (refused.value.http_status_code, refused.value.error_code) == (409, 40901)
     assert "channel" in refused.value.error_message
 
     retyped = avro(
@@ -284,9 +286,13 @@ def test_protobuf_serializer_registers_the_descriptor_and_the_deserializer_reads
     assert latest.schema.schema_type == "PROTOBUF"
     # magic byte, id, then the message-index array [0] as the single byte 0
     assert data[0] == 0 and int.from_bytes(data[1:5], "big") == latest.schema_id and data[5] == 0
-    # ?format=serialized answers the base64 FileDescriptorProto the serializer registered
+    # ?format=serialized answers the base64 FileDescriptorProto the serializer registered;
+    # without a format the schema reads back as .proto text, as Confluent's does
     _, _, body = http(f"{schema_registry.url}/schemas/ids/{latest.schema_id}?format=serialized")
-    assert body["schemaType"] == "PROTOBUF" and body["schema"] == latest.schema.schema_str
+    registered = base64.b64encode(order.DESCRIPTOR.file.serialized_pb).decode()
+    assert body["schemaType"] == "PROTOBUF" and body["schema"] == registered
+    assert latest.schema.schema_str.startswith('syntax = "proto3";')
+    assert "message Order {" in latest.schema.schema_str
 
     fresh = SchemaRegistryClient({"url": schema_registry.url})
     decoded = ProtobufDeserializer(order, {}, fresh)(data, _avro_ctx(topic))
@@ -408,3 +414,296 @@ def test_registry_cli_restarts_on_its_port_with_its_ids(tmp_path: Path) -> None:
         )
     finally:
         registry("stop", "--state", str(state))
+
+
+# --- metadata, references, Protobuf text (issue: formats) ------------------------------------
+
+
+def test_latest_with_metadata_answers_the_newest_version_whose_properties_match(
+    client: SchemaRegistryClient, schema_registry
+) -> None:
+    from confluent_kafka.schema_registry import Metadata, MetadataProperties
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    def with_meta(schema: dict[str, Any], **properties: str) -> Schema:
+        metadata = Metadata(None, MetadataProperties(properties), None)
+        return Schema(json.dumps(schema), "AVRO", metadata=metadata)
+
+    name = subject()
+    first = client.register_schema(name, with_meta(ORDER_V1, owner="shop", major="1"))
+    # no metadata given: Confluent's registry carries the previous version's over
+    second = client.register_schema(name, avro(ORDER_V2))
+    third = client.register_schema(
+        name, with_meta({**ORDER_V2, "doc": "v3"}, owner="shop", major="2")
+    )
+    assert len({first, second, third}) == 3
+    found = client.get_latest_with_metadata(name, {"major": "1"})
+    assert (found.version, found.schema_id) == (2, second)
+    assert found.schema.metadata.properties.properties == {"owner": "shop", "major": "1"}
+    assert client.get_latest_with_metadata(name, {"owner": "shop"}).version == 3
+    assert client.get_version(name, 1).schema.metadata.properties.properties["major"] == "1"
+
+    with pytest.raises(SchemaRegistryError) as none:
+        client.get_latest_with_metadata(name, {"major": "9"})
+    assert (none.value.http_status_code, none.value.error_code) == (404, 40403)
+    with pytest.raises(SchemaRegistryError) as unknown:
+        client.get_latest_with_metadata(subject(), {"major": "1"})
+    assert unknown.value.error_code == 40401
+
+    # what use.latest.with.metadata is for: the serializer writes with the version it names
+    topic = name.removesuffix("-value")
+    serializer = AvroSerializer(
+        client,
+        conf={"auto.register.schemas": False, "use.latest.with.metadata": {"major": "1"}},
+    )
+    record = {"id": 1, "event_type": "paid", "amount": 1.0, "channel": "web"}
+    data = serializer(record, _avro_ctx(topic))
+    assert int.from_bytes(data[1:5], "big") == second
+
+
+def test_version_and_schema_errors_carry_confluents_codes(client: SchemaRegistryClient) -> None:
+    name = subject()
+    client.register_schema(name, avro(ORDER_V1))
+    for version in ("abc", 0):
+        with pytest.raises(SchemaRegistryError) as invalid:
+            client.get_version(name, version)  # type: ignore[arg-type]
+        assert (invalid.value.http_status_code, invalid.value.error_code) == (422, 42202)
+    with pytest.raises(SchemaRegistryError) as gone:
+        client.get_version(name, 7)
+    assert gone.value.error_code == 40402 and gone.value.error_message == "Version 7 not found."
+    with pytest.raises(SchemaRegistryError) as no_schema:
+        client.get_schema(987654)
+    assert no_schema.value.error_code == 40403
+    assert no_schema.value.error_message == "Schema 987654 not found"
+
+
+COMMON_PROTO = """syntax = "proto3";
+package shop.common;
+message Money {
+  string currency = 1;
+  int64 units = 2;
+}
+"""
+ORDER_PROTO = """syntax = "proto3";
+package shop;
+import "shop/common.proto";
+import "google/protobuf/timestamp.proto";
+message Order {
+  int64 id = 1;
+  shop.common.Money total = 2;
+  google.protobuf.Timestamp at = 3;
+  map<string, string> labels = 4;
+  optional string note = 5;
+  oneof pay { string card = 6; string iban = 7; }
+}
+"""
+
+
+def test_proto_text_is_compiled_with_its_references_and_read_back_serialized(
+    client: SchemaRegistryClient, schema_registry
+) -> None:
+    """How Java, Go and .NET producers register Protobuf: .proto text, imports as references.
+    ``format=serialized`` must answer a FileDescriptorProto, the official deserializer must
+    read records of it, and the text reads back as text."""
+    from confluent_kafka.schema_registry import SchemaReference
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    common_subject = f"shop-common-{uuid.uuid4().hex[:8]}"
+    client.register_schema(common_subject, Schema(COMMON_PROTO, "PROTOBUF"))
+    name = subject()
+    refs = [SchemaReference("shop/common.proto", common_subject, 1)]
+    sid = client.register_schema(name, Schema(ORDER_PROTO, "PROTOBUF", refs))
+
+    fresh = SchemaRegistryClient({"url": schema_registry.url})
+    text = fresh.get_schema(sid)
+    assert text.schema_str == ORDER_PROTO and text.references == refs
+    serialized = fresh.get_version(name, 1, fmt="serialized").schema
+    file = descriptor_pb2.FileDescriptorProto()
+    file.ParseFromString(base64.b64decode(serialized.schema_str))
+    assert [m.name for m in file.message_type] == ["Order"]
+    assert list(file.dependency) == ["shop/common.proto", "google/protobuf/timestamp.proto"]
+    assert serialized.references == refs
+
+    # a record as a Java producer writes it, read by the official Python deserializer
+    common = descriptor_pb2.FileDescriptorProto()
+    common.ParseFromString(
+        base64.b64decode(fresh.get_version(common_subject, 1, fmt="serialized").schema.schema_str)
+    )
+    common.name = "shop/common.proto"
+    file.name = "shop/order.proto"
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(common)
+    pool.Add(file)
+    order_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    message = order_class(id=9, note="n", card="4111")
+    message.total.currency, message.total.units = "EUR", 12
+    message.labels["k"] = "v"
+    data = b"\x00" + sid.to_bytes(4, "big") + b"\x00" + message.SerializeToString()
+    decoded = ProtobufDeserializer(order_class, {}, fresh)(data, _avro_ctx(name[:-6]))
+    assert decoded.total.units == 12 and decoded.labels["k"] == "v" and decoded.card == "4111"
+
+    # the same schema given serialized (as the Python serializer would) is the same id
+    assert client.register_schema(name, Schema(serialized.schema_str, "PROTOBUF", refs)) == sid
+
+    # what protoc refuses, and an import no reference resolves, are Confluent's 42201
+    with pytest.raises(SchemaRegistryError) as broken:
+        client.register_schema(subject(), Schema("syntax = 'proto3'; message {", "PROTOBUF"))
+    assert broken.value.error_code == 42201
+    with pytest.raises(SchemaRegistryError) as unresolved:
+        client.register_schema(subject(), Schema(ORDER_PROTO, "PROTOBUF"))
+    assert unresolved.value.error_code == 42201
+    assert "shop/common.proto" in unresolved.value.error_message
+
+
+def _files_with_an_import() -> type:
+    """Two .proto files built at run time, the second importing the first."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    tag = uuid.uuid4().hex[:8]
+    field = descriptor_pb2.FieldDescriptorProto
+    money = descriptor_pb2.FileDescriptorProto(
+        name=f"money_{tag}.proto", package=f"m{tag}", syntax="proto3"
+    )
+    message = money.message_type.add(name="Money")
+    message.field.add(name="units", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    order = descriptor_pb2.FileDescriptorProto(
+        name=f"order_{tag}.proto", package=f"o{tag}", syntax="proto3", dependency=[money.name]
+    )
+    message = order.message_type.add(name="Order")
+    message.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    message.field.add(
+        name="total",
+        number=2,
+        type=field.TYPE_MESSAGE,
+        type_name=f".m{tag}.Money",
+        label=field.LABEL_OPTIONAL,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(money)
+    pool.Add(order)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"o{tag}.Order"))
+
+
+def test_protobuf_serializer_registers_an_imported_file_as_a_reference(
+    client: SchemaRegistryClient, schema_registry
+) -> None:
+    from confluent_kafka.schema_registry.protobuf import (
+        ProtobufDeserializer,
+        ProtobufSerializer,
+    )
+
+    order = _files_with_an_import()
+    dep = order.DESCRIPTOR.file.dependencies[0].name
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    message = order(id=3)
+    message.total.units = 250
+    data = ProtobufSerializer(order, client, {"use.deprecated.format": False})(
+        message, _avro_ctx(topic)
+    )
+    sid = int.from_bytes(data[1:5], "big")
+
+    fresh = SchemaRegistryClient({"url": schema_registry.url})
+    # the imported file is its own subject (named by the file), referenced by the order
+    assert dep in fresh.get_subjects()
+    registered = fresh.get_version(f"{topic}-value", "latest")
+    assert [(r.name, r.subject, r.version) for r in registered.schema.references] == [(dep, dep, 1)]
+    assert fresh.get_schema(sid).references == registered.schema.references
+    assert "import " in registered.schema.schema_str  # read back as text, as Confluent does
+    dep_id = fresh.get_version(dep, 1).schema_id
+    assert fresh.get_referenced_by(dep, 1) == [sid]
+    assert fresh.get_subjects_by_schema_id(sid) == [f"{topic}-value"]
+    assert [(v.subject, v.version) for v in fresh.get_schema_versions(dep_id)] == [(dep, 1)]
+
+    # a referenced version cannot be deleted (Confluent's 42206)
+    with pytest.raises(SchemaRegistryError) as referenced:
+        fresh.delete_version(dep, 1)
+    assert (referenced.value.http_status_code, referenced.value.error_code) == (422, 42206)
+
+    # a client of its own: the one above cached the versions' text, keyed without the format
+    reader = SchemaRegistryClient({"url": schema_registry.url})
+    decoded = ProtobufDeserializer(order, {}, reader)(data, _avro_ctx(topic))
+    assert (decoded.id, decoded.total.units) == (3, 250)
+
+
+def test_proto_text_of_a_descriptor_compiles_back_to_the_same_descriptor() -> None:
+    """The text a serialized registration reads back as: every construct of the well-known
+    files (proto2 defaults, extensions, options, oneofs, maps, enums, services) survives."""
+    from google.protobuf import api_pb2, descriptor_pb2, struct_pb2, type_pb2
+    from kafka_delta_dev.registry import canonical_descriptor, compile_proto, proto_text
+
+    for module in (descriptor_pb2, struct_pb2, type_pb2, api_pb2):
+        file = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(file)
+        back = compile_proto(proto_text(file), [], name=file.name)
+        assert canonical_descriptor(back) == canonical_descriptor(file), file.name
+
+
+def test_avro_references_resolve_named_types_of_other_subjects(
+    client: SchemaRegistryClient,
+) -> None:
+    from confluent_kafka.schema_registry import SchemaReference
+
+    customer = {
+        "type": "record",
+        "name": "Customer",
+        "namespace": "shop",
+        "fields": [{"name": "name", "type": "string"}],
+    }
+    customer_subject = f"customer-{uuid.uuid4().hex[:8]}"
+    client.register_schema(customer_subject, avro(customer))
+    order = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "c", "type": "shop.Customer"}]}
+    name = subject()
+    with pytest.raises(SchemaRegistryError) as unresolved:
+        client.register_schema(name, avro(order))
+    assert unresolved.value.error_code == 42201
+    refs = [SchemaReference("shop.Customer", customer_subject, 1)]
+    sid = client.register_schema(name, Schema(json.dumps(order), "AVRO", refs))
+    assert client.get_schema(sid).references == refs
+    assert client.get_referenced_by(customer_subject, 1) == [sid]
+
+
+def test_avro_compatibility_accepts_what_confluents_accepts(client: SchemaRegistryClient) -> None:
+    """Confluent's (Avro's) resolution rules: promotions int -> long -> float -> double and
+    string <-> bytes, fields added with defaults or removed, enum symbols added, a renamed
+    record with an alias; each under the levels that allow it."""
+
+    def record(*fields: dict[str, Any], name: str = "R", **extra: Any) -> Schema:
+        return avro({"type": "record", "name": name, "fields": list(fields), **extra})
+
+    def check(level: str, old: Schema, new: Schema) -> bool:
+        name = subject()
+        client.set_compatibility(name, "NONE")
+        client.register_schema(name, old)
+        client.set_compatibility(name, level)
+        return client.test_compatibility(name, new)
+
+    a_int, a_long = {"name": "a", "type": "int"}, {"name": "a", "type": "long"}
+    b_default = {"name": "b", "type": ["null", "string"], "default": None}
+    color = {"type": "enum", "name": "Color", "symbols": ["RED"]}
+    more_colors = {**color, "symbols": ["RED", "BLUE"]}
+    assert check("BACKWARD", record(a_int), record(a_long))  # reader long reads int
+    assert not check("FORWARD", record(a_int), record(a_long))  # reader int cannot read long
+    assert check("FORWARD", record(a_long), record(a_int))
+    assert check("FULL_TRANSITIVE", record(a_int), record(a_int, b_default))
+    assert check("FULL", record(a_int, b_default), record(a_int))  # removing a defaulted field
+    assert not check("BACKWARD", record(a_int), record(a_int, {"name": "b", "type": "string"}))
+    assert check("BACKWARD", record(a_int), record({"name": "a", "type": "double"}))
+    assert check(
+        "FULL",
+        record({"name": "s", "type": "string"}),
+        record({"name": "s", "type": "bytes"}),
+    )
+    assert check(
+        "BACKWARD",
+        record({"name": "c", "type": color}),
+        record({"name": "c", "type": more_colors}),
+    )
+    assert not check(
+        "FORWARD",
+        record({"name": "c", "type": color}),
+        record({"name": "c", "type": more_colors}),
+    )
+    assert check("BACKWARD", record(a_int, name="Old"), record(a_int, name="New", aliases=["Old"]))
+    assert not check("BACKWARD", record(a_int, name="Old"), record(a_int, name="New"))
