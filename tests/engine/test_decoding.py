@@ -25,7 +25,6 @@ from kafka_delta.decoding.spec import (
     RegistryUnavailableError,
     SchemaChangedError,
     SchemaFileError,
-    SchemaIncompatibleError,
 )
 from kafka_delta.decoding.versions import TIMESTAMP, union_schemas
 from kafka_delta_dev.produce import (
@@ -175,22 +174,26 @@ def test_avro_writer_versions_new_fields_and_type_changes(schema_registry) -> No
     with pytest.raises(SchemaChangedError, match=r"field\(s\) channel"):
         decode(narrow, [one, two])
 
-    # A reader whose `amount` is text: the writer's double is an incompatible change.
+    # A reader whose `amount` is text: no rule puts the writer's double there. Its records are
+    # dead letters naming the schema id, the field and both types; the batch goes on.
     text = pa.schema([pa.field("amount", pa.string()) if f.name == "amount" else f for f in wide])
-    with pytest.raises(SchemaIncompatibleError, match="'amount' is double"):
-        decode(DecodeSpec(FieldSpec("avro", "confluent", text), registry=registry), [one])
+    (row,) = decode(DecodeSpec(FieldSpec("avro", "confluent", text), registry=registry), [one])
+    assert row["id"] is None
+    assert "schema id" in row["_error"] and "'amount' is double" in row["_error"], row["_error"]
+    assert "string" in row["_error"]
 
 
-def test_versions_union_adds_fields_and_refuses_type_changes_and_removed_required_fields() -> None:
+def test_versions_union_adds_fields_keeps_the_first_type_and_takes_removed_fields() -> None:
     v1 = avro_to_arrow(order_event_avro(1))
     v2 = avro_to_arrow(order_event_avro(2))
     assert union_schemas([v1, v2]).names == [*v1.names, "channel"]
+    # A change no rule covers keeps the column's first type (its records become dead letters).
     retyped = pa.schema([pa.field("id", pa.string(), nullable=False)])
-    with pytest.raises(SchemaIncompatibleError, match="'id' changed type from int64 to string"):
-        union_schemas([v1, retyped])
+    assert union_schemas([v1, retyped]).field("id").type == pa.int64()
+    # A required field removed (or renamed) reads null in the new records: never a stop.
     renamed = pa.schema([pa.field("order_id", pa.int64(), nullable=False)])
-    with pytest.raises(SchemaIncompatibleError, match="required field 'id'"):
-        union_schemas([v1, renamed])
+    both = union_schemas([v1, renamed])
+    assert both.field("id").nullable and both.field("order_id").nullable
 
 
 # -- Protobuf ------------------------------------------------------------------------------

@@ -164,6 +164,14 @@ class DeltaConfig(_Model):
     # A batch with columns the table lacks (a producer added a field): add_columns adds them,
     # nullable, before the batch's commit (rows written before read null); fail stops the run.
     schema_evolution: Literal["add_columns", "fail"] = "add_columns"
+    # A tombstone (a record with a key and a null value). dead_letter: it goes to the
+    # dead-letter table, like any value that cannot be decoded. delete (upsert mode, with
+    # decoding.key decoded): it deletes the row of its key, as Kafka's log compaction reads it;
+    # the key's fields fill the merge_keys columns of the same names (a primitive key fills the
+    # one merge key). Rows a MERGE deletes are rows whose `_op` column is `d`
+    # (kafka_delta.contract.OP_COLUMN): Debezium's deletes (decoding.value.envelope: debezium),
+    # tombstones, or rows a transform marks so.
+    tombstones: Literal["dead_letter", "delete"] = "dead_letter"
 
     @field_validator("merge_keys")
     @classmethod
@@ -188,6 +196,11 @@ class DeltaConfig(_Model):
             raise ValueError("mode upsert needs merge_keys: the columns that identify a row")
         if self.mode == "append" and (self.merge_keys or self.order_by):
             raise ValueError("merge_keys and order_by only apply to mode: upsert")
+        if self.mode == "append" and self.tombstones == "delete":
+            raise ValueError(
+                "tombstones: delete needs mode: upsert (an append table has no row of a key to "
+                "delete); in append mode tombstones are dead letters"
+            )
         return self
 
     @model_validator(mode="after")
@@ -266,7 +279,9 @@ class FormatConfig(_Model):
     """How the Kafka value (or key) is decoded, in the read task, before the transform."""
 
     # raw: the bytes as Spark's kafka source gives them (the transform parses them itself).
-    format: Literal["json", "avro", "protobuf", "raw"] = "raw"
+    # json_schema: Confluent's JSON Schema (JSONSerializer: 0x00 + schema id + JSON text), the
+    # columns from the registry subject's JSON Schema versions, following its new versions.
+    format: Literal["json", "json_schema", "avro", "protobuf", "raw"] = "raw"
     # A schema file of the project; without one the schema comes from the registry.
     schema_file: str | None = Field(default=None, min_length=1)
     # protobuf: the message's full name in the descriptor set (package.Message).
@@ -275,6 +290,20 @@ class FormatConfig(_Model):
     # in a __value_schema_id / __key_schema_id header. none: plain bytes of schema_file.
     # Default: confluent without a schema file, none with one.
     framing: Literal["confluent", "none"] | None = None
+    # Which registry subjects the records' schemas belong to (Confluent's strategies).
+    # topic_name: <topic>-value (-key); a record framed with another subject's schema is a
+    # dead letter. record_name / topic_record_name: any subject's schema is taken.
+    subject_name_strategy: Literal["topic_name", "record_name", "topic_record_name"] = "topic_name"
+    # none: the value's fields are the columns. debezium (the value only): the value is a
+    # Debezium change event (before, after, source, op, ts_ms; JSON with schemas disabled, or
+    # Avro/Protobuf through the registry) and the columns are the row's, `after`'s fields (for
+    # a delete `before`'s), with `_op` (c, u, r, d). Upsert mode applies c/u/r as upserts and
+    # d as deletes, the latest change of a key by Kafka offset (Debezium keys records by the
+    # primary key, so one row's changes share a partition in source order). Truncates (op t),
+    # messages (m) and events without the row they need are dead letters with the reason:
+    # a table is never truncated by a record. Decode without it to land the envelope as it is
+    # (before and after as struct columns).
+    envelope: Literal["none", "debezium"] = "none"
 
     @property
     def effective_framing(self) -> str:
@@ -285,9 +314,20 @@ class FormatConfig(_Model):
     @model_validator(mode="after")
     def _schema_source(self) -> FormatConfig:
         if self.format == "raw":
+            if self.envelope != "none":
+                raise ValueError(
+                    f"envelope {self.envelope} needs the value decoded (format json, avro or "
+                    "protobuf): the envelope's fields are read from the decoded record"
+                )
             if self.schema_file or self.message or self.framing:
                 raise ValueError("format raw takes no schema_file, message or framing")
             return self
+        if self.format == "json_schema" and (self.schema_file or self.framing == "none"):
+            raise ValueError(
+                "format json_schema reads its schema from the Schema Registry (records framed "
+                "by Confluent's JSONSerializer); for a schema file use format json (with "
+                "framing: confluent for framed records)"
+            )
         if self.schema_file is not None:
             suffixes = SCHEMA_FILE_SUFFIXES[self.format]
             if not self.schema_file.lower().endswith(suffixes):
@@ -320,6 +360,11 @@ class DecodingConfig(_Model):
             raise ValueError(
                 "key: decoding the key needs the value decoded too (value.format json, avro "
                 "or protobuf); with a raw value the transform parses both"
+            )
+        if self.key is not None and self.key.envelope != "none":
+            raise ValueError(
+                "key: an envelope unwraps the value's change events (decoding.value.envelope); "
+                "the key is the row's key as it is"
             )
         for name, fmt in (("value", self.value), ("key", self.key)):
             if fmt is not None and fmt.format != "raw" and fmt.effective_framing == "confluent":
@@ -505,6 +550,16 @@ class PipelineConfig(_Model):
             "spark.delta.logStore.s3a.impl: io.delta.storage.S3DynamoDBLogStore (with the "
             "delta-storage-s3-dynamodb jar), run on Databricks, or use the delta_rs sink"
         )
+
+    @model_validator(mode="after")
+    def _tombstones_need_the_key(self) -> PipelineConfig:
+        key = self.decoding.key
+        if self.delta.tombstones == "delete" and (key is None or key.format == "raw"):
+            raise ValueError(
+                "delta.tombstones: delete needs decoding.key decoded (format json, avro or "
+                "protobuf): a tombstone's key is all that says which row to delete"
+            )
+        return self
 
     @property
     def dead_letter_table(self) -> str | None:

@@ -7,7 +7,9 @@ A transform is a pure ``DataFrame -> DataFrame``. It receives, per micro-batch:
   key, value, topic, partition, offset, timestamp, timestampType, headers);
 - with a decoder (json, avro, protobuf), the value's own columns, then ``key``, the Kafka
   columns but ``value``, :data:`DEAD_LETTER_COLUMN` (set by the decoder on a record it could
-  not decode) and the original bytes of such records (``_raw_key``, ``_raw_value``).
+  not decode) and the original bytes of such records (``_raw_key``, ``_raw_value``); with a
+  Debezium envelope unwrapped (or tombstones as deletes), the row's columns and
+  :data:`OP_COLUMN` before ``key``.
 
 It returns the rows for the table. A row whose :data:`DEAD_LETTER_COLUMN` is not null is not
 written to the table: the original Kafka record goes to the dead-letter table with that error,
@@ -33,6 +35,13 @@ Transform = Callable[["DataFrame"], "DataFrame"]
 
 DEAD_LETTER_COLUMN = "_error"
 """A row with this column set is a dead letter: its record goes to the dead-letter table."""
+
+OP_COLUMN = "_op"
+"""A row's change kind, from a change-data-capture record (``decoding.value.envelope:
+debezium``: Debezium's ``op``, ``c`` ``u`` ``r`` or ``d``) or a tombstone (``d``, with
+``delta.tombstones: delete``). In upsert mode ``d`` deletes the row of its merge key and any
+other value upserts it; the column itself is never written to an upsert table (a transform may
+set it too). In append mode it is a column like any other: the table keeps every change."""
 
 RAW_KEY, RAW_VALUE = "_raw_key", "_raw_value"
 """The original bytes of a record the decoder could not decode (kept on such rows only)."""

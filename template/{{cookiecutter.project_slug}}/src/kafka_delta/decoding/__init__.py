@@ -7,5 +7,6 @@ source in its read task, the cluster engine through :mod:`.frames`), with the fo
 (:mod:`.json_decoder`, :mod:`.avro_decoder`, :mod:`.protobuf_decoder`) and what they share
 (:mod:`.columns`, :mod:`.framing`, :mod:`.registry`, each format's types in
 :mod:`.avro_types`, :mod:`.protobuf_types`, :mod:`.json_types`, and schema versions in
-:mod:`.versions`); :mod:`.failures` reads its errors back out of Spark's exceptions.
+:mod:`.versions`); :mod:`.envelope` unwraps Debezium change events and reads tombstones as
+deletes; :mod:`.failures` reads its errors back out of Spark's exceptions.
 """

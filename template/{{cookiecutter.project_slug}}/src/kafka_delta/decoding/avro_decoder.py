@@ -2,86 +2,130 @@
 schema, columns built per group for the reader's fields.
 
 No reader-schema resolution per record (fastavro's is slower): a field the writer lacks reads
-null, and a writer with fields the reader lacks, or a field of another type, is seen once per
-writer schema, before any of its records is decoded. Timestamps and dates come back from
-fastavro as integers (their logical type is dropped from the schema it reads with) and are
-cast as whole columns: a ``datetime`` per record costs more than the rest of the record.
+the reader's default (the newest version's ``default`` of the field, kept in the reader's field
+metadata by :func:`.avro_types.avro_to_arrow`), put in as one constant column for the writer's
+whole group of records; a field without a default reads null. Each writer schema is compared
+with the reader once, before any of its records is decoded (:func:`.versions.compare_writer`):
+
+- fields the reader lacks: :class:`SchemaChangedError` (the query restarts with them), for a
+  schema of the topic's own subject;
+- a type the reader's column cannot take by any rule (:mod:`.versions`), or a schema
+  registered under another subject (``subject_name_strategy: topic_name``): every record of
+  that schema is a dead letter with the schema id and the reason; the rest of the batch lands.
+
+Logical types come back from fastavro as plain values (they are left out of the schema it
+reads with, :func:`.avro_types.plain_schema`) and become their columns as whole Arrow
+columns (:func:`finish`): a ``datetime`` or ``UUID`` per record costs more than the rest of the
+record. Columns of another type than the reader's (a promotion, a union) are fitted to it as
+whole columns too (:func:`.versions.fit_column`); a value that does not fit makes its record a
+dead letter.
 """
 
 from __future__ import annotations
 
-import copy
 import io
 import itertools
-import json
 import struct
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka_delta.decoding.avro_types import avro_to_arrow
+from kafka_delta.decoding.avro_types import (
+    DURATION,
+    AvroColumn,
+    avro_columns,
+    field_default,
+    is_record,
+    parse,
+    plain_schema,
+)
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.framing import header_guids, parse
+from kafka_delta.decoding.framing import header_guids
+from kafka_delta.decoding.framing import parse as parse_frame
 from kafka_delta.decoding.registry import Registry
-from kafka_delta.decoding.spec import FieldSpec, SchemaChangedError, SchemaFileError
-from kafka_delta.decoding.versions import compare_writer
-
-# Logical types read as integers and cast per column: (the integer's Arrow type, micros per unit)
-_AS_INTEGERS = {
-    "timestamp-millis": (pa.int64(), 1000),
-    "timestamp-micros": (pa.int64(), 1),
-    "local-timestamp-millis": (pa.int64(), 1000),
-    "local-timestamp-micros": (pa.int64(), 1),
-    "date": (pa.int32(), None),
-}
+from kafka_delta.decoding.spec import (
+    FieldSpec,
+    SchemaChangedError,
+    SchemaFileError,
+    SchemaIncompatibleError,
+)
+from kafka_delta.decoding.versions import compare_writer, fit_column
 
 
 class _Writer:
-    """A writer schema, parsed for fastavro, with the casts its integer columns need."""
+    """A writer schema, parsed for fastavro, with its columns; or why its records are refused
+    (``rejected``)."""
 
-    def __init__(self, schema: dict[str, Any] | str, reader: pa.Schema, ref: Any) -> None:
+    def __init__(self, schema: Any, reader: pa.Schema, ref: Any) -> None:
         from fastavro import parse_schema
 
-        parsed = json.loads(schema) if isinstance(schema, str) else schema
-        arrow = avro_to_arrow(parsed)
-        new = compare_writer(reader, arrow, ref)
+        self.ref = ref
+        self.rejected: str | None = None
+        parsed = parse(schema)
+        names, columns = avro_columns(parsed)
+        arrow = pa.schema(
+            pa.field(n, c.final, nullable=c.nullable) for n, c in zip(names, columns, strict=True)
+        )
+        try:
+            new = compare_writer(reader, arrow, ref, checked=True)
+        except SchemaIncompatibleError as exc:
+            self.rejected = str(exc)
+            return
         if new:
             raise SchemaChangedError(tuple(new), ref)
-        self.casts: dict[str, tuple[pa.DataType, int | None]] = {}
-        if isinstance(parsed, dict) and parsed.get("type") == "record":
-            plain = copy.deepcopy(parsed)
-            for field in plain["fields"]:
-                self._strip(field)
-            self.parsed = parse_schema(plain)
-            self.fields = [f["name"] for f in parsed["fields"]]
-        else:
-            self.parsed = parse_schema(parsed)
-            self.fields = ["value"]
-        self.primitive = self.fields == ["value"] and not (
-            isinstance(parsed, dict) and parsed.get("type") == "record"
+        self.columns: dict[str, AvroColumn] = dict(zip(names, columns, strict=True))
+        self.parsed = parse_schema(plain_schema(parsed))
+        self.primitive = not is_record(parsed)
+
+
+def finish(raw: pa.Array, final: pa.DataType) -> pa.Array:
+    """A column as fastavro's plain values built it (``AvroColumn.raw``) as its final type."""
+    if raw.type == final:
+        return raw
+    t = raw.type
+    if pa.types.is_timestamp(t):
+        return raw.cast(final, safe=t.unit != "ns")  # nanoseconds: truncated to microseconds
+    if pa.types.is_fixed_size_binary(t) and final == DURATION:
+        return _duration(raw)
+    if pa.types.is_struct(t) and pa.types.is_struct(final):
+        children = [finish(raw.field(i), f.type) for i, f in enumerate(final)]
+        built = pa.StructArray.from_arrays(
+            children,
+            fields=[f.with_nullable(True) for f in final],
+            mask=raw.is_null() if raw.null_count else None,
         )
+        return built.cast(final)
+    if pa.types.is_list(t) and pa.types.is_list(final):
+        values = finish(raw.values, final.value_type)
+        return pa.ListArray.from_arrays(
+            raw.offsets, values, mask=raw.is_null() if raw.null_count else None
+        ).cast(final)
+    if pa.types.is_map(t) and pa.types.is_map(final):
+        items = finish(raw.items, final.item_type)
+        return pa.MapArray.from_arrays(
+            raw.offsets, raw.keys, items, mask=raw.is_null() if raw.null_count else None
+        ).cast(final)
+    return raw.cast(final)
 
-    def _strip(self, field: dict[str, Any]) -> None:
-        t = field["type"]
-        branches = t if isinstance(t, list) else [t]
-        for i, branch in enumerate(branches):
-            if isinstance(branch, dict) and branch.get("logicalType") in _AS_INTEGERS:
-                self.casts[field["name"]] = _AS_INTEGERS[branch["logicalType"]]
-                branches[i] = branch["type"]
-        field["type"] = branches if isinstance(t, list) else branches[0]
+
+def _duration(raw: pa.Array) -> pa.Array:
+    """Avro's duration (three little-endian unsigned 32-bit ints) as months, days, millis."""
+    n = len(raw)
+    data = raw.buffers()[1]
+    words = np.frombuffer(data, dtype="<u4", count=3 * (raw.offset + n))[3 * raw.offset :]
+    words = words.reshape(n, 3).astype(np.int64)
+    mask = raw.is_null() if raw.null_count else None
+    return pa.StructArray.from_arrays(
+        [pa.array(words[:, i]) for i in range(3)], fields=list(DURATION), mask=mask
+    )
 
 
-def _column(
-    values: list[Any], target: pa.DataType, cast: tuple[pa.DataType, int | None] | None
-) -> pa.Array:
-    if cast is None:
-        return pa.array(values, target)
-    integers = pa.array(values, cast[0])
-    if cast[1] is None:  # days since the epoch
-        return integers.cast(pa.date32())
-    micros = pc.multiply(integers, cast[1]) if cast[1] != 1 else integers
-    return micros.cast(pa.timestamp("us", tz="UTC")).cast(target)
+def _build(values: list[Any], column: AvroColumn) -> pa.Array:
+    if column.prep is not None:
+        values = [column.prep(v) for v in values]
+    return finish(pa.array(values, column.raw), column.final)
 
 
 class AvroDecoder:
@@ -90,6 +134,7 @@ class AvroDecoder:
         self.registry = registry
         self.part = part
         self.reader = field.reader
+        self._defaults = _defaults(self.reader)
         self._writers: dict[Any, _Writer | None] = {}
         if field.framing == "none":
             if field.writer_schema is None:
@@ -112,12 +157,35 @@ class AvroDecoder:
                 f"schema id {ref} is a {found.schema_type} schema, but decoding.{self.part}."
                 "format is avro"
             )
-        writer = self._writers[ref] = _Writer(found.schema_str, self.reader, ref)
+        foreign = self._foreign(ref)
+        if foreign is not None:
+            writer = _Writer.__new__(_Writer)
+            writer.ref, writer.rejected = ref, foreign
+        else:
+            writer = _Writer(found.schema_str, self.reader, ref)
+        self._writers[ref] = writer
         return writer
 
-    def decode(self, values: list[bytes | None], headers: list[Any]) -> tuple[pa.Table, list]:
-        from fastavro import schemaless_reader
+    def _foreign(self, ref: Any) -> str | None:
+        """Why ``ref`` is not a schema of the topics' subjects; None when it is (or when any
+        subject is taken)."""
+        subjects = self.field.subjects
+        if not subjects or not isinstance(ref, int):
+            return None
+        assert self.registry is not None
+        theirs = self.registry.subjects_of(ref) or ()
+        if not set(theirs) & set(subjects):  # a cached answer may predate our subject
+            theirs = self.registry.subjects_of(ref, fresh=True) or ()
+        if set(theirs) & set(subjects):
+            return None
+        where = ", ".join(theirs) if theirs else "no subject"
+        return (
+            f"schema id {ref} is registered under {where}, not {', '.join(subjects)}: a record "
+            f"framed with another subject's schema (decoding.{self.part}.subject_name_strategy "
+            "is topic_name)"
+        )
 
+    def decode(self, values: list[bytes | None], headers: list[Any]) -> tuple[pa.Table, list]:
         n = len(values)
         errors: list[str | None] = [None] * n
         groups: dict[Any, list[tuple[int, int]]] = {}
@@ -133,7 +201,7 @@ class AvroDecoder:
             if guids[i] is None and len(value) > 4 and value[0] == 0:  # the common case, inline
                 groups.setdefault(int.from_bytes(value[1:5], "big"), []).append((i, 5))
                 continue
-            frame = parse(value, guids[i], protobuf=False)
+            frame = parse_frame(value, guids[i], protobuf=False)
             if isinstance(frame, str):
                 errors[i] = frame
             else:
@@ -141,40 +209,135 @@ class AvroDecoder:
         parts = []
         for ref, members in groups.items():
             writer = self._writer(ref)
-            if writer is None:
+            if writer is None or writer.rejected is not None:
+                reason = (
+                    f"unknown schema id {ref}: the Schema Registry does not have it"
+                    if writer is None
+                    else writer.rejected
+                )
                 for i, _ in members:
-                    errors[i] = f"unknown schema id {ref}: the Schema Registry does not have it"
+                    errors[i] = reason
                 continue
-            # The group's records back to back in one stream: one reader call per record and no
-            # stream per record. Each record must end exactly where its bytes do; one that does
-            # not is a dead letter, and the next is read from its own start.
-            group = [values[i] for i, _ in members]
-            ends = list(itertools.accumulate(map(len, group)))
-            stream = io.BytesIO(b"".join(group))
-            records, positions = [], []
-            begin = 0
-            for (i, start), end in zip(members, ends, strict=True):
-                stream.seek(begin + start)
-                begin = end
-                try:
-                    record = schemaless_reader(stream, writer.parsed, None)
-                    if stream.tell() != end:
-                        raise ValueError(f"{end - stream.tell()} bytes left over after the record")
-                except (EOFError, IndexError, struct.error):
-                    errors[i] = f"truncated record: it ends before schema {ref} says it does"
-                    continue
-                except Exception as exc:
-                    errors[i] = f"bytes do not match schema {ref}: {exc}"
-                    continue
-                records.append({"value": record} if writer.primitive else record)
-                positions.append(i)
-            if not records:
-                continue
-            columns = {
-                f.name: _column([r.get(f.name) for r in records], f.type, writer.casts.get(f.name))
-                if f.name in writer.fields
-                else pa.nulls(len(records), f.type)
-                for f in self.reader
-            }
-            parts.append((positions, pa.table(columns)))
+            records, positions = self._read(writer, values, members, errors)
+            if records:
+                part = self._columns(writer, records, positions, errors)
+                if part is not None:
+                    parts.append(part)
         return assemble(self.reader, n, parts), errors
+
+    def _read(
+        self,
+        writer: _Writer,
+        values: list[bytes | None],
+        members: list[tuple[int, int]],
+        errors: list[str | None],
+    ) -> tuple[list[Any], list[int]]:
+        """The group's records back to back in one stream: one reader call per record and no
+        stream per record. Each record must end exactly where its bytes do; one that does not
+        is a dead letter, and the next is read from its own start."""
+        from fastavro import schemaless_reader
+
+        ref = writer.ref
+        group = [values[i] for i, _ in members]
+        ends = list(itertools.accumulate(map(len, group)))  # type: ignore[arg-type]
+        stream = io.BytesIO(b"".join(group))  # type: ignore[arg-type]
+        records, positions = [], []
+        begin = 0
+        for (i, start), end in zip(members, ends, strict=True):
+            stream.seek(begin + start)
+            begin = end
+            try:
+                record = schemaless_reader(
+                    stream,
+                    writer.parsed,
+                    None,
+                    return_named_type=True,
+                    return_named_type_override=True,
+                )
+                if stream.tell() != end:
+                    raise ValueError(f"{end - stream.tell()} bytes left over after the record")
+            except (EOFError, IndexError, struct.error):
+                errors[i] = f"truncated record: it ends before schema {ref} says it does"
+                continue
+            except Exception as exc:
+                errors[i] = f"bytes do not match schema {ref}: {exc}"
+                continue
+            records.append({"value": record} if writer.primitive else record)
+            positions.append(i)
+        return records, positions
+
+    def _columns(
+        self, writer: _Writer, records: list[Any], positions: list[int], errors: list[str | None]
+    ) -> tuple[list[int], pa.Table] | None:
+        """The reader's columns of a group's records: whole columns; one record at a time
+        only when a whole column fails (to find the records that make it fail)."""
+        try:
+            table, bad = self._table(writer, records)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+            if len(records) == 1:
+                errors[positions[0]] = f"schema id {writer.ref}: {_sentence(exc)}"
+                return None
+            tables, kept = [], []
+            for record, i in zip(records, positions, strict=True):
+                one = self._columns(writer, [record], [i], errors)
+                if one is not None:
+                    tables.append(one[1])
+                    kept.append(i)
+            return (kept, pa.concat_tables(tables)) if tables else None
+        if bad is None:
+            return positions, table
+        marks = bad.to_pylist()
+        for i, reason in ((p, r) for p, r in zip(positions, marks, strict=True) if r):
+            errors[i] = reason
+        keep = pa.array([not r for r in marks], pa.bool_())
+        kept = [p for p, r in zip(positions, marks, strict=True) if not r]
+        return (kept, table.filter(keep)) if kept else None
+
+    def _table(self, writer: _Writer, records: list[Any]) -> tuple[pa.Table, pa.Array | None]:
+        """(the columns, the reason per record that did not fit the reader, or None)."""
+        columns, reasons = {}, None
+        for f in self.reader:
+            column = writer.columns.get(f.name)
+            if column is None:
+                default = self._defaults.get(f.name)
+                one = _null_value(f.type) if default is None else default
+                columns[f.name] = one.take(np.zeros(len(records), dtype=np.int64))
+                continue
+            built = _build([r.get(f.name) for r in records], column)
+            fitted, bad, why = fit_column(built, f.type, f"field {f.name!r}")
+            columns[f.name] = fitted
+            if bad is not None:
+                reason = pa.scalar(f"schema id {writer.ref}: {why}", pa.string())
+                none = pa.scalar(None, pa.string())
+                mine = pc.if_else(bad, reason, none)
+                reasons = mine if reasons is None else pc.coalesce(reasons, mine)
+        return pa.table(columns), reasons
+
+
+def _null_value(t: pa.DataType) -> pa.Array:
+    """One null of type ``t`` whose nested non-null fields hold a value (``pa.nulls`` leaves
+    them null, which the reader's type refuses: a record field a FORWARD-compatible version
+    added without a default, whose record has required fields)."""
+    return pa.array([None], t)
+
+
+def _defaults(reader: pa.Schema) -> dict[str, pa.Array]:
+    """The reader's fields' defaults (:func:`.avro_types.field_default`) as one-value columns
+    of the reader's types; a default that does not fit its column is left out (reads null)."""
+    found = {}
+    for f in reader:
+        default = field_default(f)
+        if default is None:
+            continue
+        try:
+            fitted, bad, _ = fit_column(default, f.type, f"field {f.name!r}")
+        except (pa.ArrowException, ValueError, TypeError, StopIteration):
+            continue
+        if bad is None and fitted.null_count == 0:
+            found[f.name] = fitted
+    return found
+
+
+def _sentence(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"a value does not fit its column: {text[0] if text else type(exc).__name__}"

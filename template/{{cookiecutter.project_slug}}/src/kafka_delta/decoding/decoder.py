@@ -1,7 +1,8 @@
 """One decoder for both engines: Kafka records (Spark's kafka columns, as Arrow) in, typed columns
 out. The embedded source runs it in its read task; the cluster engine through ``mapInArrow``.
 
-Output, in order: the value's columns (the reader schema); ``key`` (its bytes, or decoded);
+Output, in order: the value's columns (the reader schema; with ``envelope: debezium`` the
+row's, and ``_op``, see :mod:`.envelope`); ``key`` (its bytes, or decoded);
 ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``; ``_error``
 (null when the record decoded); ``_raw_key`` and ``_raw_value``, the original bytes, kept only
 on rows with an ``_error`` (they become dead letters with them).
@@ -18,10 +19,12 @@ import pyarrow.compute as pc
 from kafka_delta.contract import (
     DEAD_LETTER_COLUMN,
     KAFKA_ARROW_SCHEMA,
+    OP_COLUMN,
     RAW_KEY,
     RAW_VALUE,
     RECORD_COLUMNS,
 )
+from kafka_delta.decoding.envelope import row_fields, value_arrays
 from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, SchemaFileError
 
 _RESERVED = {"key", *RECORD_COLUMNS, DEAD_LETTER_COLUMN, RAW_KEY, RAW_VALUE}
@@ -41,7 +44,8 @@ def _key_type(key: FieldSpec) -> pa.DataType:
 
 
 def output_schema(spec: DecodeSpec) -> pa.Schema:
-    clash = sorted(_RESERVED & set(spec.value.reader.names))
+    reserved = _RESERVED | ({OP_COLUMN} if spec.marks_ops else set())
+    clash = sorted(reserved & set(spec.value.reader.names))
     if clash:
         raise SchemaFileError(
             f"the value's field(s) {', '.join(clash)} have the names of the Kafka columns the "
@@ -50,7 +54,7 @@ def output_schema(spec: DecodeSpec) -> pa.Schema:
     key = KAFKA_ARROW_SCHEMA.field("key").type if spec.key is None else _key_type(spec.key)
     return pa.schema(
         [
-            *spec.value.reader,
+            *row_fields(spec),
             pa.field("key", key),
             *(KAFKA_ARROW_SCHEMA.field(name) for name in RECORD_COLUMNS),
             pa.field(DEAD_LETTER_COLUMN, pa.string()),
@@ -63,7 +67,12 @@ def output_schema(spec: DecodeSpec) -> pa.Schema:
 def decoder_modules(spec: DecodeSpec) -> tuple[str, ...]:
     """The modules a task imports to decode with ``spec`` (to warm its workers)."""
     formats = {f.format for f in (spec.value, spec.key) if f is not None}
-    names = {"avro": "avro_decoder", "protobuf": "protobuf_decoder", "json": "json_decoder"}
+    names = {
+        "avro": "avro_decoder",
+        "protobuf": "protobuf_decoder",
+        "json": "json_decoder",
+        "json_schema": "json_decoder",
+    }
     package = __name__.rpartition(".")[0]
     return (
         __name__,
@@ -90,6 +99,10 @@ def _part_decoder(field: FieldSpec, spec: DecodeSpec, part: str) -> PartDecoder:
         from kafka_delta.decoding.json_decoder import JsonDecoder
 
         return JsonDecoder(field, part)
+    if field.format == "json_schema":
+        from kafka_delta.decoding.json_decoder import JsonDecoder
+
+        return JsonDecoder(field, part, registry)
     raise SchemaFileError(f"format {field.format} does not decode")
 
 
@@ -108,8 +121,10 @@ class Decoder:
             if batch.column("headers").null_count < n
             else [None] * n
         )
-        columns, errors = self.value.decode(raw_value.to_pylist(), headers)
+        raw_values = raw_value.to_pylist()
+        columns, errors = self.value.decode(raw_values, headers)
         key = raw_key
+        key_errors: list[str | None] = [None] * n
         if self.key is not None:
             keys, key_errors = self.key.decode(raw_key.to_pylist(), headers)
             key = (
@@ -119,15 +134,21 @@ class Decoder:
                     [c.combine_chunks() for c in keys.columns], fields=list(keys.schema)
                 )
             )
-            errors = [
-                e or (f"key: {k}" if k else None) for e, k in zip(errors, key_errors, strict=True)
-            ]
+        # The value's columns; a change event unwrapped, a tombstone made a delete (.envelope).
+        values = (
+            value_arrays(self.spec, columns, errors, raw_values, key, key_errors)
+            if self.spec.marks_ops
+            else [columns.column(name).combine_chunks() for name in self.spec.value.reader.names]
+        )
+        errors = [
+            e or (f"key: {k}" if k else None) for e, k in zip(errors, key_errors, strict=True)
+        ]
         error = pa.array(errors, pa.string())
         failed = pc.is_valid(error)
         none = pa.nulls(n, pa.binary())
         any_failed = error.null_count < n
         arrays = [
-            *(columns.column(name).combine_chunks() for name in self.spec.value.reader.names),
+            *values,
             key,
             *(batch.column(name) for name in RECORD_COLUMNS),
             error,

@@ -1,4 +1,7 @@
 """JSON: pyarrow's JSON reader against the reader schema, a whole block of records at a time.
+Plain JSON, or JSON Schema in Confluent's framing (``confluent_kafka``'s ``JSONSerializer``:
+magic byte 0 + the schema id, or the id in a schema-id header, then the JSON text): each
+writer schema is looked up once and compared with the reader's, as Avro's are.
 
 pyarrow has no per-row error handler, so the values are first checked for what would shift
 rows (null, empty, not an object), joined one per line (a newline inside a JSON value can only
@@ -14,32 +17,65 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.spec import FieldSpec
-
-
-def _frame_problem(value: bytes, part: str) -> str | None:
-    """Why a JSON Schema record lacks Confluent's 5-byte header (magic byte 0 + id), if it does."""
-    if not value:
-        return f"{part} is empty"
-    if value[0] != 0:
-        return f"wrong magic byte 0x{value[0]:02x}: not Confluent framing (0x00 + schema id)"
-    if len(value) < 5:
-        return f"truncated record: {len(value)} bytes, shorter than the 5-byte schema id header"
-    return None
+from kafka_delta.decoding.framing import header_guids, parse
+from kafka_delta.decoding.json_types import json_schema_to_arrow, read_schema
+from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.spec import (
+    FieldSpec,
+    SchemaChangedError,
+    SchemaFileError,
+    SchemaIncompatibleError,
+)
+from kafka_delta.decoding.versions import compare_writer
 
 
 class JsonDecoder:
-    def __init__(self, field: FieldSpec, part: str) -> None:
+    def __init__(self, field: FieldSpec, part: str, registry: Registry | None = None) -> None:
         from pyarrow import json as pa_json
 
         self.field = field
         self.part = part
+        self.registry = registry
         self.reader = field.reader
         self.framed = field.framing == "confluent"
         self._json = pa_json
+        self._read = read_schema(self.reader)
+        self._cast = self._read != self.reader
         self._parse_options = pa_json.ParseOptions(
-            explicit_schema=self.reader, unexpected_field_behavior="ignore"
+            explicit_schema=self._read, unexpected_field_behavior="ignore"
         )
+        self._known: dict[Any, str | None] = {}  # writer schema (id or GUID) -> its problem
+
+    def _writer_problem(self, ref: Any) -> str | None:
+        """Why records of writer schema ``ref`` cannot be read (None: they can). Raises
+        :class:`SchemaChangedError` when the writer has fields the reader lacks (the query
+        restarts with them). Only ``json_schema`` (a reader from the registry) has a registry
+        here; ``json`` reads each record's JSON with its own reader schema whatever the id."""
+        if self.registry is None:
+            return None
+        if ref in self._known:
+            return self._known[ref]
+        found = (
+            self.registry.schema_by_guid(ref)
+            if isinstance(ref, str)
+            else self.registry.schema_by_id(ref)
+        )
+        if found is None:  # not cached: the id may be registered by the next look-up
+            return f"unknown schema id {ref}: the Schema Registry does not have it"
+        if found.schema_type != "JSON":
+            raise SchemaFileError(
+                f"schema id {ref} is a {found.schema_type} schema, but decoding.{self.part}."
+                f"format is {self.field.format}"
+            )
+        try:
+            new = compare_writer(self.reader, json_schema_to_arrow(found.schema_str)[0], ref)
+        except (SchemaIncompatibleError, SchemaFileError) as exc:
+            problem = self._known[ref] = str(exc)
+            return problem
+        if new:
+            raise SchemaChangedError(tuple(new), ref)
+        self._known[ref] = None
+        return None
 
     def _parse(self, lines: list[bytes]) -> pa.Table | str:
         block = b"\n".join(lines) + b"\n"
@@ -51,6 +87,8 @@ class JsonDecoder:
                 ),
                 parse_options=self._parse_options,
             )
+            if self._cast:
+                table = table.cast(self.reader)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             return str(exc).splitlines()[0]
         if table.num_rows != len(lines):
@@ -76,16 +114,24 @@ class JsonDecoder:
         n = len(values)
         errors: list[str | None] = [None] * n
         lines, rows = [], []
+        guids = header_guids(headers, self.part) if self.framed else [None] * n
         for i, value in enumerate(values):
             if value is None:
                 errors[i] = f"{self.part} is null"
                 continue
             if self.framed:
-                problem = _frame_problem(value, self.part)
+                if not value and guids[i] is None:
+                    errors[i] = f"{self.part} is empty"
+                    continue
+                frame = parse(value, guids[i], protobuf=False)
+                if isinstance(frame, str):
+                    errors[i] = frame
+                    continue
+                problem = self._writer_problem(frame.schema)
                 if problem is not None:
                     errors[i] = problem
                     continue
-                value = value[5:]
+                value = value[frame.start :]
             if b"\n" in value or b"\r" in value:
                 value = value.replace(b"\r", b" ").replace(b"\n", b" ")
             if value.lstrip()[:1] != b"{":

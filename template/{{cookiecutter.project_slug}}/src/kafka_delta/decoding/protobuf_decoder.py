@@ -1,81 +1,160 @@
 """Protobuf: the protobuf runtime, with message classes built from the registry's descriptors
-(Confluent framing: schema id and message indexes) or from the project's descriptor set."""
+(Confluent framing: schema id and message indexes, references resolved through the registry) or
+from the project's descriptor set. The columns each type becomes: :mod:`.protobuf_types`."""
 
 from __future__ import annotations
 
+import base64
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 from kafka_delta.decoding.columns import assemble
 from kafka_delta.decoding.framing import header_guids, parse
-from kafka_delta.decoding.protobuf_types import is_repeated, message_to_arrow, protobuf_descriptor
+from kafka_delta.decoding.protobuf_types import (
+    default_message,
+    find_message,
+    is_map,
+    is_repeated,
+    message_kind,
+    message_to_arrow,
+    protobuf_file,
+)
 from kafka_delta.decoding.registry import Registry
 from kafka_delta.decoding.spec import FieldSpec, SchemaChangedError, SchemaFileError
 from kafka_delta.decoding.versions import compare_writer
 
-
-def _value(message: Any, field: Any) -> Any:
-    """A field of a parsed message as a Python value Arrow takes (Timestamp as microseconds)."""
-    if not is_repeated(field) and field.has_presence and not message.HasField(field.name):
-        return None
-    raw = getattr(message, field.name)
-    if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return list(raw.items())
-    if is_repeated(field):
-        return [_scalar(v, field) for v in raw]
-    return _scalar(raw, field)
+Convert = Callable[[Any], Any]
 
 
-def _scalar(raw: Any, field: Any) -> Any:
+def _micros(seconds: int, nanos: int) -> int:
+    """Microseconds of (seconds, nanos) of the same sign, truncated toward zero."""
+    return seconds * 1_000_000 + (nanos // 1000 if nanos >= 0 else -(-nanos // 1000))
+
+
+def _to_json(message: Any) -> str:
+    from google.protobuf import json_format
+
+    try:
+        data = json_format.MessageToDict(
+            message,
+            preserving_proto_field_name=True,
+            descriptor_pool=message.DESCRIPTOR.file.pool,
+        )
+    except (TypeError, KeyError, ValueError):  # an Any whose packed type is not in the schema
+        if message.DESCRIPTOR.full_name != "google.protobuf.Any":
+            raise
+        data = {"@type": message.type_url, "value": base64.b64encode(message.value).decode()}
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _item(field: Any, path: tuple[str, ...]) -> Convert | None:
+    """What one value of ``field`` becomes (an item, for a repeated field); None: itself."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
-    if field.type == F.TYPE_ENUM:
-        value = field.enum_type.values_by_number.get(raw)
-        return value.name if value is not None else str(raw)
-    if field.type == F.TYPE_MESSAGE:
-        if field.message_type.full_name == "google.protobuf.Timestamp":
-            return raw.seconds * 1_000_000 + raw.nanos // 1000
-        return {f.name: _value(raw, f) for f in field.message_type.fields}
-    return raw
+    kind = message_kind(field, path)
+    if kind is None:
+        if field.type == F.TYPE_ENUM:
+            by_number = {v.number: v.name for v in field.enum_type.values}
+            return lambda raw: by_number.get(raw, str(raw))
+        return None
+    if kind == "timestamp":
+        return lambda raw: raw.seconds * 1_000_000 + raw.nanos // 1000
+    if kind == "duration":
+        return lambda raw: _micros(raw.seconds, raw.nanos)
+    if kind == "wrapper":
+        inner = _item(field.message_type.fields_by_name["value"], path)
+        if inner is None:
+            return lambda raw: raw.value
+        return lambda raw: inner(raw.value)
+    if kind in ("json", "recursive"):
+        return _to_json
+    if kind == "empty":
+        return lambda raw: True
+    t = field.message_type
+    fields = [(f.name, _value(f, (*path, t.full_name))) for f in t.fields]
+    return lambda raw: {name: get(raw) for name, get in fields}
 
 
-def _column(messages: list[Any], field: Any) -> list[Any]:
+def _value(field: Any, path: tuple[str, ...]) -> Callable[[Any], Any]:
+    """Reads ``field`` of a parsed message as a value Arrow takes for its column."""
+    name = field.name
+    if is_map(field):
+        key = _item(field.message_type.fields_by_name["key"], path)
+        value = _item(field.message_type.fields_by_name["value"], path)
+        if key is None and value is None:
+            return lambda m: list(getattr(m, name).items())
+        k = key or (lambda x: x)
+        v = value or (lambda x: x)
+        return lambda m: [(k(a), v(b)) for a, b in getattr(m, name).items()]
+    item = _item(field, path)
+    if is_repeated(field):
+        if item is None:
+            return lambda m: list(getattr(m, name))
+        return lambda m: [item(x) for x in getattr(m, name)]
+    if field.has_presence:
+        if item is None:
+            return lambda m: getattr(m, name) if m.HasField(name) else None
+        return lambda m: item(getattr(m, name)) if m.HasField(name) else None
+    if item is None:
+        return lambda m: getattr(m, name)
+    return lambda m: item(getattr(m, name))
+
+
+def _column(field: Any, path: tuple[str, ...]) -> Callable[[list[Any]], list[Any]]:
     """One field of every message: plain attribute reads for the common scalar fields (this
     runs per record and field), the general :func:`_value` for the rest."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
     name = field.name
-    plain = not is_repeated(field) and field.type not in (F.TYPE_ENUM, F.TYPE_MESSAGE)
+    plain = not is_repeated(field) and field.type not in (
+        F.TYPE_ENUM,
+        F.TYPE_MESSAGE,
+        F.TYPE_GROUP,
+    )
     if plain and not field.has_presence:
-        return [getattr(m, name) for m in messages]
+        return lambda messages: [getattr(m, name) for m in messages]
     if plain:
-        return [getattr(m, name) if m.HasField(name) else None for m in messages]
-    if field.type == F.TYPE_MESSAGE and field.message_type.full_name == "google.protobuf.Timestamp":
-        if not is_repeated(field):
-            stamps = [getattr(m, name) if m.HasField(name) else None for m in messages]
-            return [None if t is None else t.seconds * 1_000_000 + t.nanos // 1000 for t in stamps]
-    return [_value(m, field) for m in messages]
+        return lambda messages: [getattr(m, name) if m.HasField(name) else None for m in messages]
+    get = _value(field, path)
+    return lambda messages: [get(m) for m in messages]
 
 
 class _Writer:
-    def __init__(self, descriptor: Any, reader: pa.Schema, ref: Any) -> None:
-        from google.protobuf import message_factory
+    """The records of one writer message: its class and how each reader column is read; or,
+    for a message the table does not take, why (``refused``: its records are dead letters)."""
 
+    def __init__(self, descriptor: Any, reader: pa.Schema, ref: Any, expected: str) -> None:
+        from google.protobuf import message_factory
+        from google.protobuf.descriptor import FieldDescriptor as F
+
+        self.refused: str | None = None
+        if descriptor.full_name != expected:
+            self.refused = (
+                f"the record carries message {descriptor.full_name} (schema {ref}), but the "
+                f"table takes {expected}: set decoding.<part>.message to {descriptor.full_name} "
+                "for a table of those"
+            )
+            return
         arrow = message_to_arrow(descriptor)
         new = compare_writer(reader, arrow, ref)
         if new:
             raise SchemaChangedError(tuple(new), ref)
         self.cls = message_factory.GetMessageClass(descriptor)
-        self.fields = [
+        path = (descriptor.full_name,)
+        fields = [
             descriptor.fields_by_name[n] for n in reader.names if n in descriptor.fields_by_name
         ]
-        self.timestamps = {
-            f.name
-            for f in self.fields
-            if f.message_type is not None
-            and f.message_type.full_name == "google.protobuf.Timestamp"
-        }
+        self.columns: list[tuple[str, Callable[[list[Any]], list[Any]], bool]] = []
+        for f in fields:
+            stamp = (
+                f.type == F.TYPE_MESSAGE
+                and not is_repeated(f)
+                and message_kind(f, path) == "timestamp"
+            )
+            self.columns.append((f.name, _column(f, path), stamp))
 
 
 class ProtobufDecoder:
@@ -85,21 +164,21 @@ class ProtobufDecoder:
         self.part = part
         self.reader = field.reader
         self._writers: dict[tuple[Any, tuple[int, ...]], _Writer | None] = {}
-        self._files: dict[Any, str | None] = {}
+        self._files: dict[Any, Any] = {}
         if field.framing == "none":
             if field.writer_schema is None:
                 raise SchemaFileError("unframed Protobuf needs the descriptor set (schema_file)")
-            import base64
-
             data = base64.b64decode(field.writer_schema)
+            descriptor = find_message(protobuf_file(data), field.message)
             self._writers[(None, ())] = _Writer(
-                protobuf_descriptor(data, field.message), self.reader, "of schema_file"
+                descriptor, self.reader, "of schema_file", descriptor.full_name
             )
 
-    def _writer(self, ref: Any, indexes: tuple[int, ...]) -> _Writer | None:
-        key = (ref, indexes)
-        if key in self._writers:
-            return self._writers[key]
+    def _file(self, ref: Any) -> Any:
+        """The registry's file of schema ``ref`` (an id or a GUID), its references resolved;
+        None when the registry does not know ``ref``."""
+        if ref in self._files:
+            return self._files[ref]
         assert self.registry is not None
         found = (
             self.registry.schema_by_guid(ref, fmt="serialized")
@@ -113,8 +192,28 @@ class ProtobufDecoder:
                 f"schema id {ref} is a {found.schema_type} schema, but decoding.{self.part}."
                 "format is protobuf"
             )
-        descriptor = protobuf_descriptor(found.schema_str, None, indexes)
-        writer = self._writers[key] = _Writer(descriptor, self.reader, ref)
+        try:
+            file = protobuf_file(found.schema_str, self.registry.protobuf_imports(ref))
+        except SchemaFileError as exc:  # its records are dead letters; the rest goes on
+            return f"schema {ref} does not build: {exc}"
+        self._files[ref] = file
+        return file
+
+    def _writer(self, ref: Any, indexes: tuple[int, ...]) -> _Writer | str | None:
+        key = (ref, indexes)
+        if key in self._writers:
+            return self._writers[key]
+        file = self._file(ref)
+        if file is None or isinstance(file, str):
+            return file
+        try:
+            descriptor = find_message(file, None, indexes)
+        except SchemaFileError as exc:
+            return f"schema {ref}: {exc}"
+        expected = self.field.message or default_message(file).full_name
+        writer = self._writers[key] = _Writer(descriptor, self.reader, ref, expected)
+        if writer.refused:
+            writer.refused = writer.refused.replace("<part>", self.part)
         return writer
 
     def decode(self, values: list[bytes | None], headers: list[Any]) -> tuple[pa.Table, list]:
@@ -144,9 +243,16 @@ class ProtobufDecoder:
         parts = []
         for (ref, indexes), members in groups.items():
             writer = self._writers[(None, ())] if ref is None else self._writer(ref, indexes)
-            if writer is None:
+            if writer is None or isinstance(writer, str) or writer.refused:
+                reason = (
+                    f"unknown schema id {ref}: the Schema Registry does not have it"
+                    if writer is None
+                    else writer
+                    if isinstance(writer, str)
+                    else writer.refused
+                )
                 for i, _ in members:
-                    errors[i] = f"unknown schema id {ref}: the Schema Registry does not have it"
+                    errors[i] = reason
                 continue
             messages, positions = [], []
             for i, start in members:
@@ -157,17 +263,19 @@ class ProtobufDecoder:
                         f"bytes do not match schema {ref}: {exc} (truncated or not protobuf)"
                     )
                     continue
+                except RecursionError:
+                    errors[i] = f"bytes of schema {ref} nest deeper than protobuf parses"
+                    continue
                 positions.append(i)
             if not messages:
                 continue
             columns = {}
-            for f in writer.fields:
-                target = self.reader.field(f.name).type
-                values_of = _column(messages, f)
-                if f.name in writer.timestamps:
-                    columns[f.name] = pa.array(values_of, pa.int64()).cast(target)
+            for name, read, stamp in writer.columns:
+                target = self.reader.field(name).type
+                if stamp:
+                    columns[name] = pa.array(read(messages), pa.int64()).cast(target)
                 else:
-                    columns[f.name] = pa.array(values_of, target)
+                    columns[name] = pa.array(read(messages), target)
             for f in self.reader:
                 if f.name not in columns:
                     columns[f.name] = pa.nulls(len(messages), f.type)

@@ -79,6 +79,8 @@ class Registry:
         self.settings = settings
         self._client: Any = None
         self._by_id: dict[tuple[int | str, str | None], RegisteredSchema] = {}
+        self._subjects: dict[int, tuple[str, ...]] = {}
+        self._imports: dict[tuple[int | str, str], list[tuple[str, str]]] = {}
 
     @property
     def client(self) -> Any:
@@ -127,6 +129,21 @@ class Registry:
             )
         return found
 
+    def subjects_of(self, schema_id: int, fresh: bool = False) -> tuple[str, ...] | None:
+        """The subjects ``schema_id`` is registered under (``GET /schemas/ids/{id}/subjects``);
+        None when the registry does not know the id. Cached, but an id's subjects can grow
+        (the same schema registered under another subject): ``fresh`` asks again."""
+        found = None if fresh else self._subjects.get(schema_id)
+        if found is None:
+            subjects = self._call(
+                f"to list the subjects of schema id {schema_id}",
+                lambda: self.client.get_subjects_by_schema_id(schema_id),
+            )
+            if subjects is None:
+                return None
+            found = self._subjects[schema_id] = tuple(subjects)
+        return found
+
     def schema_by_guid(self, guid: str, fmt: str | None = None) -> RegisteredSchema | None:
         key = (guid, fmt)
         found = self._by_id.get(key)
@@ -163,4 +180,44 @@ class Registry:
                     schema.schema_str,
                 )
             )
+        return out
+
+    def protobuf_imports(self, ref: int | str) -> list[tuple[str, str]]:
+        """The files the Protobuf schema ``ref`` (an id, or a GUID) imports through schema
+        references, recursively: (import name, base64 FileDescriptorProto), each before the files
+        importing it; [] without references. Confluent's serializer registers each imported file
+        as a subject of its own; well-known imports need no reference."""
+        key = (ref, "imports")
+        if key in self._imports:
+            return self._imports[key]
+        top = self._call(
+            f"to look up the references of schema {ref}",
+            lambda: (
+                self.client.get_schema_by_guid(ref, fmt="serialized")
+                if isinstance(ref, str)
+                else self.client.get_schema(ref, fmt="serialized")
+            ),
+        )
+        out: list[tuple[str, str]] = []
+        seen: set[str] = set()
+
+        def visit(references: Any) -> None:
+            for r in references or []:
+                if r.name in seen:
+                    continue
+                seen.add(r.name)
+                found = self._call(
+                    f"to read reference {r.name} ({r.subject} version {r.version})",
+                    lambda r=r: self.client.get_version(r.subject, r.version, fmt="serialized"),
+                )
+                if found is None:
+                    raise SchemaFileError(
+                        f"schema {ref} imports {r.name}, whose subject {r.subject} version "
+                        f"{r.version} the Schema Registry does not have"
+                    )
+                visit(found.schema.references)
+                out.append((r.name, found.schema.schema_str))
+
+        visit(getattr(top, "references", None))
+        self._imports[key] = out
         return out

@@ -4,14 +4,19 @@
 The reader schema (the columns the transform sees) comes from the project's schema file, or
 from the Schema Registry: the union of every version registered under the topics' subjects
 (``<topic>-value``, Confluent's TopicNameStrategy), in the order fields first appear, plus any
-writer schema the pipeline met in records since (another subject strategy). A union of all
-versions never loses a column the table has: a field a later version drops reads null.
+writer schema the pipeline met in records since (``decoding.value.subject_name_strategy``
+record_name or topic_record_name). A union of all versions never loses a column the table has:
+a field a later version drops reads null; a promotion widens the column; any other type change
+keeps the column's first type (:mod:`.versions`), and the records that cannot fill it are dead
+letters. With the default topic_name strategy, a record framed with a schema registered under
+another subject never widens the reader: it is a dead letter naming its schema id and subject.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,8 +40,12 @@ from kafka_delta.decoding.versions import union_schemas
 def build_decode_spec(
     spark: SparkSession, config: PipelineConfig, writer_schema_ids: Iterable[int] = ()
 ) -> DecodeSpec | None:
-    """The pipeline's decode spec; None when the value stays raw bytes."""
-    return decode_spec(spark, config.decoding, config.kafka.topics, writer_schema_ids)
+    """The pipeline's decode spec; None when the value stays raw bytes. With
+    ``delta.tombstones: delete`` a tombstone's key fills the merge keys."""
+    spec = decode_spec(spark, config.decoding, config.kafka.topics, writer_schema_ids)
+    if spec is not None and config.delta.tombstones == "delete":
+        spec = replace(spec, tombstone_keys=config.delta.merge_keys)
+    return spec
 
 
 def decode_spec(
@@ -56,7 +65,7 @@ def decode_spec(
         if decoding.key is not None and decoding.key.format != "raw"
         else None
     )
-    return DecodeSpec(value=value, key=key, registry=registry)
+    return DecodeSpec(value=value, key=key, registry=registry, envelope=decoding.value.envelope)
 
 
 def _registry_settings(decoding: DecodingConfig) -> RegistrySettings | None:
@@ -91,6 +100,11 @@ def _field_spec(
         assert registry is not None  # the config requires one without a schema file
         reader, required = _from_registry(fmt, part, topics, registry, writer_schema_ids)
         writer, message = None, fmt.message
+    subjects = (
+        tuple(f"{t}-{part}" for t in topics)
+        if framing == "confluent" and fmt.subject_name_strategy == "topic_name"
+        else ()
+    )
     return FieldSpec(
         format=fmt.format,
         framing=framing,  # type: ignore[arg-type]
@@ -98,6 +112,7 @@ def _field_spec(
         writer_schema=writer,
         message=message,
         required=required,
+        subjects=subjects,
     )
 
 
@@ -183,20 +198,38 @@ def _from_registry(
             f"for a producer with a registry serializer to register one (or give "
             f"decoding.{part}.schema_file)"
         )
-    schemas = [_arrow_of(fmt, s, part) for s in found]
+    schemas = [_arrow_of(fmt, s, part, registry) for s in found]
     return union_schemas(schemas), ()
 
 
-def _arrow_of(fmt: FormatConfig, schema: object, part: str) -> pa.Schema:
+def _arrow_of(fmt: FormatConfig, schema: object, part: str, registry: object = None) -> pa.Schema:
     kind = getattr(schema, "schema_type", None) or "AVRO"
     text = getattr(schema, "schema_str", schema)
-    expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON"}[fmt.format]
+    expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON", "json_schema": "JSON"}[
+        fmt.format
+    ]
     if kind.upper() != expected:
         raise SchemaFileError(
             f"decoding.{part}.format is {fmt.format}, but the registry holds a {kind} schema for it"
         )
     if fmt.format == "avro":
         return avro_to_arrow(text)
-    if fmt.format == "json":
+    if fmt.format in ("json", "json_schema"):
         return json_schema_to_arrow(text)[0]
-    return protobuf_to_arrow(text, fmt.message)
+    return _protobuf_arrow(fmt, schema, text, registry)
+
+
+def _protobuf_arrow(fmt: FormatConfig, schema: object, text: str, registry: object) -> pa.Schema:
+    """The columns of a registered Protobuf schema: its file in the registry's serialized form
+    with its references resolved, and the message ``fmt.message`` names, else the file's
+    default message (protobuf_types: its one top-level message, or the one no other uses)."""
+    from kafka_delta.decoding.protobuf_types import find_message, message_to_arrow, protobuf_file
+
+    schema_id = getattr(schema, "schema_id", None)
+    imports: list[tuple[str, str]] = []
+    if registry is not None and schema_id is not None:
+        serialized = registry.schema_by_id(schema_id, fmt="serialized")  # type: ignore[attr-defined]
+        if serialized is not None:
+            text = serialized.schema_str
+        imports = registry.protobuf_imports(schema_id)  # type: ignore[attr-defined]
+    return message_to_arrow(find_message(protobuf_file(text, imports), fmt.message))

@@ -43,7 +43,7 @@ class RegistryUnavailableError(RuntimeError):
     """The Schema Registry did not answer (down, timed out, 5xx, refused the credentials)."""
 
 
-Format = Literal["json", "avro", "protobuf", "raw"]
+Format = Literal["json", "json_schema", "avro", "protobuf", "raw"]
 
 
 def _schema_to_text(schema: pa.Schema) -> str:
@@ -80,11 +80,16 @@ class FieldSpec:
     writer_schema: str | None = None  # unframed: .avsc text, or base64 of a descriptor set
     message: str | None = None  # protobuf: the message's full name
     required: tuple[str, ...] = ()  # present and not null, or the record is a dead letter
+    # The registry subjects a writer schema must be registered under (TopicNameStrategy:
+    # <topic>-value); a record framed with another subject's schema is a dead letter.
+    # Empty: any subject (record_name and topic_record_name strategies).
+    subjects: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["reader"] = _schema_to_text(self.reader)
         data["required"] = list(self.required)
+        data["subjects"] = list(self.subjects)
         return data
 
     @classmethod
@@ -94,6 +99,7 @@ class FieldSpec:
                 **data,
                 "reader": _schema_from_text(data["reader"]),
                 "required": tuple(data["required"]),
+                "subjects": tuple(data.get("subjects", ())),
             }
         )
 
@@ -103,6 +109,16 @@ class DecodeSpec:
     value: FieldSpec
     key: FieldSpec | None = None  # None: the key stays its raw bytes
     registry: RegistrySettings | None = None
+    # debezium: the value is a change event, unwrapped into the row's columns (:mod:`.envelope`)
+    envelope: Literal["none", "debezium"] = "none"
+    # Not empty: a tombstone (null value) is a delete of its key, whose fields fill these
+    # columns (the merge keys); empty: a tombstone is a dead letter.
+    tombstone_keys: tuple[str, ...] = ()
+
+    @property
+    def marks_ops(self) -> bool:
+        """Whether the output has the ``_op`` column (:data:`kafka_delta.contract.OP_COLUMN`)."""
+        return self.envelope != "none" or bool(self.tombstone_keys)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -110,6 +126,8 @@ class DecodeSpec:
                 "value": self.value.to_dict(),
                 "key": self.key.to_dict() if self.key else None,
                 "registry": asdict(self.registry) if self.registry else None,
+                "envelope": self.envelope,
+                "tombstone_keys": list(self.tombstone_keys),
             },
             sort_keys=True,
         )
@@ -121,4 +139,6 @@ class DecodeSpec:
             value=FieldSpec.from_dict(data["value"]),
             key=FieldSpec.from_dict(data["key"]) if data["key"] else None,
             registry=RegistrySettings(**data["registry"]) if data["registry"] else None,
+            envelope=data.get("envelope", "none"),
+            tombstone_keys=tuple(data.get("tombstone_keys", ())),
         )

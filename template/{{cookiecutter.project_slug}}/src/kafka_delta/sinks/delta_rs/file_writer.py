@@ -21,6 +21,8 @@ schema:
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import logging
 import time
@@ -143,7 +145,9 @@ def check_batch_schema(batch: pa.Schema, table: pa.Schema, table_uri: str) -> No
     problems += [f"extra column {n!r} ({_loose(ours[n].type)})" for n in ours if n not in theirs]
     for name in (n for n in theirs if n in ours):
         mine, table_field = ours[name], theirs[name]
-        if _loose(mine.type) != _loose(table_field.type):
+        if _loose(mine.type) != _loose(table_field.type) and not _narrowable(
+            mine.type, table_field.type
+        ):
             problems.append(
                 f"column {name!r} is {_loose(mine.type)} in the batch, "
                 f"{_loose(table_field.type)} in the table"
@@ -389,9 +393,148 @@ def _conform(batch: pa.RecordBatch | pa.Table, target: FileTarget) -> pa.Table:
                 f"column {f.name!r} of table {target.table_uri} is declared non-null, but the "
                 f"batch holds {table.column(f.name).null_count} null(s) in it"
             )
-    # Nullability is the table's business (checked above); cast the types only.
-    loose = pa.schema([f.with_nullable(True) for f in target.schema])
-    return pa.Table.from_arrays(table.cast(loose).columns, schema=target.schema)
+    columns = [
+        _as_table_type(table.column(f.name).combine_chunks(), f, target.table_uri)
+        for f in target.schema
+    ]
+    return pa.Table.from_arrays(columns, schema=target.schema)
+
+
+# -- a batch's values in the table's column types ---------------------------------------------
+#
+# Promotions (the producers' int became long, float became double): Delta's type widening
+# changes the column on the delta_spark sink. delta-rs 1.6.6 cannot change a column's type
+# (its ``alter`` adds columns only), so the delta_rs sink keeps the table's column and puts each
+# value into it when it fits exactly (a long 7 into an int column); a value that does not fit
+# (2**40, 1.5 into an int column) makes its record a dead letter naming the column, the value
+# and both types (:func:`misfits`), and the rest of the batch lands.
+
+_NUMBERS = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64())
+
+
+def _narrowable(batch: pa.DataType, table: pa.DataType) -> bool:
+    """A batch column the table's narrower numeric column takes value by value."""
+    return batch in _NUMBERS and table in _NUMBERS and batch != table
+
+
+def misfits(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.Array | None, pa.Array | None]:
+    """(a mask of the rows with a value the table's narrower column cannot hold, the reason
+    of each) or (None, None) when every value fits."""
+    bad, reasons = None, None
+    for f in schema:
+        if f.name not in batch.schema.names:
+            continue
+        column = batch.column(f.name)
+        if not _narrowable(column.type, f.type):
+            continue
+        mine = _misfit_mask(column, f.type)
+        if mine is None:
+            continue
+        texts = [
+            None
+            if not m
+            else f"column {f.name!r}: the value {v!r} ({column.type}) does not fit the table's "
+            f"{f.type} column exactly (the delta_rs sink cannot widen a column's type)"
+            for m, v in zip(mine.to_pylist(), column.to_pylist(), strict=True)
+        ]
+        text = pa.array(texts, pa.string())
+        bad = mine if bad is None else pc.or_(bad, mine)
+        reasons = text if reasons is None else pc.coalesce(reasons, text)
+    return bad, reasons
+
+
+def _misfit_mask(column: pa.Array, table_type: pa.DataType) -> pa.Array | None:
+    narrowed = column.cast(table_type, safe=False)
+    back = narrowed.cast(column.type, safe=False)
+    bad = pc.fill_null(pc.not_equal(back, column), False)
+    if pa.types.is_floating(column.type):
+        bad = pc.and_(bad, pc.invert(pc.fill_null(pc.is_nan(column), False)))
+    return bad if pc.any(bad).as_py() else None
+
+
+def _as_table_type(column: pa.Array, f: pa.Field, table_uri: str) -> pa.Array:
+    """``column`` as the table's column ``f``: types cast (a narrower number only when every
+    value fits, see :func:`misfits`), and nested fields the table declares non-null filled in
+    where their parent is null (a null ``["null", record]`` with required fields: Parquet
+    stores nothing there, but Arrow wants no null in a non-null child)."""
+    if _narrowable(column.type, f.type):
+        bad = _misfit_mask(column, f.type)
+        if bad is not None:
+            value = column.filter(bad)[0].as_py()
+            raise SchemaMismatchError(
+                f"column {f.name!r} of table {table_uri} is {f.type}, but the batch holds "
+                f"{value!r} ({column.type}), which does not fit it; nothing was written"
+            )
+        return column.cast(f.type, safe=False)
+    loose = _all_nullable(f.type)
+    column = column.cast(loose)
+    return column if loose == f.type else _strict(column, f.type, f.name, table_uri)
+
+
+def _all_nullable(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct([x.with_type(_all_nullable(x.type)).with_nullable(True) for x in t])
+    if pa.types.is_list(t):
+        v = t.value_field
+        return pa.list_(v.with_type(_all_nullable(v.type)).with_nullable(True))
+    if pa.types.is_map(t):
+        i = t.item_field
+        return pa.map_(t.key_field, i.with_type(_all_nullable(i.type)).with_nullable(True))
+    return t
+
+
+def _strict(array: pa.Array, t: pa.DataType, where: str, table_uri: str) -> pa.Array:
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(t):
+        children = []
+        for i, f in enumerate(t):
+            child = _strict(array.field(i), f.type, f"{where}.{f.name}", table_uri)
+            if not f.nullable and child.null_count:
+                if pc.any(pc.and_(child.is_null(), array.is_valid())).as_py():
+                    _refuse(f"{where}.{f.name}", table_uri)
+                child = child.fill_null(pa.scalar(_zero(f.type), f.type))
+            children.append(child)
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if pa.types.is_list(t):
+        values = _strict(array.values, t.value_type, f"{where}[]", table_uri)
+        if not t.value_field.nullable and values.null_count:
+            _refuse(f"{where}[]", table_uri)
+        return pa.ListArray.from_arrays(array.offsets, values, type=t, mask=mask)
+    if pa.types.is_map(t):
+        items = _strict(array.items, t.item_type, f"{where}{{}}", table_uri)
+        if not t.item_field.nullable and items.null_count:
+            _refuse(f"{where}{{}}", table_uri)
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=t, mask=mask)
+    return array
+
+
+def _refuse(where: str, table_uri: str) -> None:
+    raise SchemaMismatchError(
+        f"field {where} of table {table_uri} is declared non-null, but the batch holds nulls in it"
+    )
+
+
+def _zero(t: pa.DataType) -> Any:
+    """A value of type ``t`` for the slots under a null parent (never read)."""
+    if pa.types.is_struct(t):
+        return {f.name: _zero(f.type) for f in t}
+    if pa.types.is_list(t) or pa.types.is_map(t):
+        return []
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_fixed_size_binary(t):
+        return bytes(t.byte_width)
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_date(t):
+        return datetime.date(1970, 1, 1)
+    if pa.types.is_timestamp(t):
+        return 0
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(0)
+    return 0
 
 
 def write_files(
@@ -479,6 +622,11 @@ class TaskWriter:
         def good_rows() -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 if self.error_column is not None and batch.num_rows:
+                    bad, reasons = misfits(batch, self.target.schema)
+                    if bad is not None:
+                        at = batch.schema.get_field_index(self.error_column)
+                        merged = pc.coalesce(batch.column(at), reasons)
+                        batch = batch.set_column(at, batch.schema.field(at), merged)
                     errors = batch.column(self.error_column)
                     if errors.null_count < batch.num_rows:
                         marked = pc.is_valid(errors)

@@ -69,6 +69,7 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     write_files,
 )
 from kafka_delta.sinks.delta_rs.offset_store import newest_stored_in, open_table
+from kafka_delta.sinks.upsert import merge_clauses, upserted_arrow, upserted_frame
 
 # Properties of the tables this sink creates. A Delta checkpoint every 10 commits, as delta-spark
 # does by default (delta-rs: 100): every open of the table (three per batch) replays at most 10
@@ -211,21 +212,45 @@ class DeltaRsSink:
         the schema (its Metadata action is only written on overwrite). The commit is
         idempotent: a crash between it and the batch's commit leaves columns that the rerun
         finds in place, and rows written before read null in them. A column the table has
-        and the batch lacks is left to :func:`check_batch_schema`."""
+        and the batch lacks is left to :func:`check_batch_schema`.
+
+        Fields new inside a column's structs (a producer added a field to a nested record, in
+        a list's or a map's values too) are added the same way, by a commit of their own:
+        delta-rs's ``alter.add_columns`` adds top-level columns only, so it is an append of no
+        rows in the table's schema with the new nested fields (nullable), ``schema_mode="merge"``
+        (a Metadata action and no file). Neither commit carries offsets or a txn: the batch's
+        own commit, after them, still holds its rows, offsets and txn alone."""
         new = [f for f in batch if f.name not in schema.names]
-        if not new:
+        widened = pa.schema(
+            [
+                f.with_type(_with_nested_fields(f.type, batch.field(f.name).type))
+                if f.name in batch.names
+                else f
+                for f in schema
+            ]
+        )
+        nested = [f for f, was in zip(widened, schema, strict=True) if f.type != was.type]
+        if not new and not nested:
             return schema
         # The rest of the batch must fit first: a batch refused for another column leaves the
         # table's schema as it was.
-        check_batch_schema(batch, pa.schema([*schema, *new]), self.table_uri)
-        from deltalake import Field
+        check_batch_schema(batch, pa.schema([*widened, *new]), self.table_uri)
+        from deltalake import Field, write_deltalake
 
-        table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
-        log.info(
-            "table %s gains column(s) %s (delta.schema_evolution: add_columns)",
-            self.table_uri,
-            ", ".join(f"{f.name} {f.type}" for f in new),
-        )
+        if nested:
+            write_deltalake(table, widened.empty_table(), mode="append", schema_mode="merge")
+            log.info(
+                "table %s: nested field(s) added to %s (delta.schema_evolution: add_columns)",
+                self.table_uri,
+                ", ".join(f"{f.name} {f.type}" for f in nested),
+            )
+        if new:
+            table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in new])
+            log.info(
+                "table %s gains column(s) %s (delta.schema_evolution: add_columns)",
+                self.table_uri,
+                ", ".join(f"{f.name} {f.type}" for f in new),
+            )
         crash_point("after_add_columns")
         table.update_incremental()
         return pa.schema(table.schema().to_arrow())
@@ -318,6 +343,9 @@ class DeltaRsSink:
         return table.version() + 1
 
     def _merge(self, table: DeltaTable, data: pa.Table, properties: CommitProperties) -> int:
+        """One MERGE of the batch's latest change per key (:func:`..upsert.merge_clauses`:
+        ``_op`` d deletes, anything else upserts, ``_op`` itself is not written)."""
+        clauses = merge_clauses(self.mode, data.column_names)
         merger = table.merge(
             source=data,
             predicate=self.mode.merge_predicate(),
@@ -326,8 +354,11 @@ class DeltaRsSink:
             target_alias="t",
             commit_properties=properties,
         )
-        merger = merger.when_matched_update_all(predicate=self.mode.update_predicate())
-        merger.when_not_matched_insert_all().execute()
+        if clauses.delete is not None:
+            merger = merger.when_matched_delete(predicate=clauses.delete)
+        but = list(clauses.except_cols) or None
+        merger = merger.when_matched_update_all(predicate=clauses.update, except_cols=but)
+        merger.when_not_matched_insert_all(predicate=clauses.insert, except_cols=but).execute()
         return table.version()
 
     # -- the checks -------------------------------------------------------------------------
@@ -408,17 +439,26 @@ class DeltaRsSink:
                 max_commit_retries=0,
             )
             try:
-                if self.mode.kind == "upsert" and table is not None and files is None:
-                    # MERGE needs its source in this process (delta-rs): collected once.
-                    if merge_source is None:
-                        merge_source = _arrow(rows)
-                    if merge_source.num_rows:
-                        version = self._merge(table, merge_source, properties)
-                        rows_written = merge_source.num_rows
-                        return self._committed(commit, version, rows_written)
-                    rows = merge_source  # an empty upsert still commits its offsets
+                written = rows
+                if self.mode.kind == "upsert" and files is None:
+                    if table is not None:
+                        # MERGE needs its source in this process (delta-rs): collected once.
+                        if merge_source is None:
+                            merge_source = _arrow(rows)
+                        if merge_source.num_rows:
+                            version = self._merge(table, merge_source, properties)
+                            rows_written = merge_source.num_rows
+                            return self._committed(commit, version, rows_written)
+                        written = merge_source  # an empty upsert still commits its offsets
+                    # Appended (a first batch, no table yet): its deletes delete nothing, and
+                    # `_op` is not a column of the table.
+                    written = (
+                        upserted_arrow(written)
+                        if isinstance(written, pa.Table)
+                        else upserted_frame(written)
+                    )
                 if files is None:
-                    files = self._write_files(table, rows)
+                    files = self._write_files(table, written)
                 elif table is not None:
                     # Written for an older snapshot: still the table's schema?
                     check_table_supported(table)
@@ -463,3 +503,26 @@ class DeltaRsSink:
 
 def _arrow(rows: Rows) -> pa.Table:
     return rows if isinstance(rows, pa.Table) else rows.toArrow()
+
+
+def _with_nested_fields(table: pa.DataType, batch: pa.DataType) -> pa.DataType:
+    """The table's column type ``table`` with the fields the batch's ``batch`` has and it lacks
+    inside its structs (also in list and map values) appended, nullable; else unchanged."""
+    if pa.types.is_struct(table) and pa.types.is_struct(batch):
+        theirs = {f.name: f for f in batch}
+        fields = [
+            f.with_type(_with_nested_fields(f.type, theirs[f.name].type)) if f.name in theirs else f
+            for f in table
+        ]
+        have = {f.name for f in table}
+        fields += [f.with_nullable(True) for f in batch if f.name not in have]
+        return pa.struct(fields)
+    if pa.types.is_list(table) and pa.types.is_list(batch):
+        value = table.value_field
+        return pa.list_(value.with_type(_with_nested_fields(value.type, batch.value_type)))
+    if pa.types.is_map(table) and pa.types.is_map(batch):
+        item = table.item_field
+        return pa.map_(
+            table.key_field, item.with_type(_with_nested_fields(item.type, batch.item_type))
+        )
+    return table

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -61,6 +62,7 @@ from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import split_dead_letters_df
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 from kafka_delta.sinks.delta_spark.offset_store import TableLogReader, delta_table
+from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,22 @@ def delta_txn_confs(
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
+
+
+def merge_builder(target: Any, frame: DataFrame, clauses: MergeClauses, on: str) -> Any:
+    """delta-spark's MERGE of ``frame`` (alias ``s``) into ``target`` (alias ``t``) by
+    :func:`..upsert.merge_clauses`, the delta-rs sink's rule: WHEN MATCHED AND the delete
+    predicate THEN DELETE, then UPDATE and INSERT of every column but ``except_cols``
+    (delta-spark's builder has no "all but": the columns are named, which schema evolution
+    (autoMerge) follows for columns the table lacks)."""
+    merge = target.merge(frame.alias("s"), on)
+    if clauses.delete is not None:
+        merge = merge.whenMatchedDelete(condition=clauses.delete)
+    if not clauses.except_cols:
+        return merge.whenMatchedUpdateAll(condition=clauses.update).whenNotMatchedInsertAll()
+    columns = {f"`{c}`": f"s.`{c}`" for c in frame.columns if c not in clauses.except_cols}
+    merge = merge.whenMatchedUpdate(condition=clauses.update, set=columns)
+    return merge.whenNotMatchedInsert(condition=clauses.insert, values=columns)
 
 
 class DeltaSparkSink:
@@ -215,18 +233,19 @@ class DeltaSparkSink:
         count = frame.count() if self.mode.kind == "upsert" and exists else None
         try:
             if count:
-                merge = (
-                    delta_table(self.spark, self.table_uri)
-                    .alias("t")
-                    .merge(frame.alias("s"), self.mode.merge_predicate())
-                    .whenMatchedUpdateAll(condition=self.mode.update_predicate())
-                    .whenNotMatchedInsertAll()
+                merge = merge_builder(
+                    delta_table(self.spark, self.table_uri).alias("t"),
+                    frame,
+                    merge_clauses(self.mode, frame.columns),
+                    self.mode.merge_predicate(),
                 )
                 with delta_txn_confs(self.spark, commit, self.mode.add_columns):
                     merge.execute()
             else:
                 # An append; for an upsert also its first batch and an empty one, which must
-                # still commit its offsets.
+                # still commit its offsets (their deletes delete nothing; `_op` is no column).
+                if self.mode.kind == "upsert":
+                    frame = upserted_frame(frame)
                 writer = (
                     frame.write.format("delta").mode("append").options(**append_options(commit))
                 )
