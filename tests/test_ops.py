@@ -19,12 +19,14 @@ LAST_LINE = re.compile(
     r"^ops-random: sink=(\w+) sequences=(\d+) moves=(\d+) lost=(\d+) doubled=(\d+) "
     r"stuck=(\d+) verify_disagreements=(\d+)$"
 )
-# Four seeds whose sequences, together, make every move of the harness (seen in its log of
-# seeds 1-40): a RESTORE (live and stopped), log cleanup, a reset each way, topics added,
-# removed and recreated, a race, crashes, maintenance, a committed transaction, a lost checkpoint.
-SEEDS = [1, 2, 13, 23]
+# The fewest moves whose sequences, together, make every move of the harness (searched over
+# seeds 1-300 at 6 to 10 moves a sequence: no two seeds do, three of 7 moves do, 21 moves in
+# all against 32 for the four seeds of 8 before): RESTOREs, log cleanup, a reset each way,
+# topics added, removed and recreated, a race, crashes, maintenance, a committed transaction,
+# a lost checkpoint.
+SEEDS = [5, 177, 241]
 SEQUENCE = re.compile(r"^\[ops [\d:]+\] sequence \d+/\d+ \(seed \d+\): (.*)$", re.MULTILINE)
-MOVES = 8
+MOVES = 7
 
 
 @pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])
