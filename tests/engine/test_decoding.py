@@ -224,10 +224,35 @@ def test_protobuf_from_a_descriptor_set_file_without_framing() -> None:
     assert rows[1]["_error"].startswith("bytes do not match")
 
 
-def test_a_value_field_named_like_a_kafka_column_is_refused() -> None:
-    clash = pa.schema([("offset", pa.int64())])
-    with pytest.raises(SchemaFileError, match="offset"):
-        Decoder(DecodeSpec(FieldSpec("json", "none", clash)))
+def test_a_value_field_named_like_a_kafka_column_lands_as_value_name_beside_it() -> None:
+    """Kafka's columns keep their names; a value's `timestamp`, `key`, `offset` or `_error`
+    arrive as `value_timestamp`, `value_key`, ... (the rule of the name alone)."""
+    clash = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("timestamp", pa.string()),
+            ("key", pa.string()),
+            ("offset", pa.int64()),
+            ("_error", pa.string()),
+        ]
+    )
+    spec = DecodeSpec(FieldSpec("json", "none", clash))
+    value = b'{"id": 1, "timestamp": "noon", "key": "k1", "offset": 9, "_error": "x"}'
+    (row,) = decode(spec, [value])
+    own = ("value_timestamp", "value_key", "value_offset", "value__error")
+    assert [row[k] for k in own] == ["noon", "k1", 9, "x"]
+    assert (row["timestamp"], row["key"], row["offset"], row["_error"]) == (T0, b"k", 0, None)
+    assert Decoder(spec).output_schema.names[:5] == [
+        "id",
+        "value_timestamp",
+        "value_key",
+        "value_offset",
+        "value__error",
+    ]
+    # A value that has both `offset` and `value_offset` cannot keep both apart: one sentence.
+    both = pa.schema([("offset", pa.int64()), ("value_offset", pa.int64())])
+    with pytest.raises(SchemaFileError, match=r"'offset'.*'value_offset'"):
+        Decoder(DecodeSpec(FieldSpec("json", "none", both)))
 
 
 # -- the registry client -------------------------------------------------------------------

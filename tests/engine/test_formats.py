@@ -121,6 +121,52 @@ def test_avro_of_two_schema_versions_lands_once_and_the_table_gains_the_new_colu
     assert rows[7]["event_time"] == START + timedelta(seconds=7)
 
 
+def test_value_fields_named_like_kafkas_columns_land_as_value_columns_beside_them(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry
+) -> None:
+    """A producer's `timestamp` (the commonest field name there is), `key`, `topic`, `partition`
+    and `offset` land as `value_timestamp`, ... beside Kafka's own columns, exactly once."""
+    (topic,) = new_topics(1, partitions=2)
+    schema = {
+        "type": "record",
+        "name": "Reading",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "timestamp", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "key", "type": "string"},
+            {"name": "topic", "type": "string"},
+            {"name": "partition", "type": "int"},
+            {"name": "offset", "type": "long"},
+        ],
+    }
+    records = [
+        {
+            "id": i,
+            "timestamp": START + timedelta(minutes=i),
+            "key": f"sensor-{i}",
+            "topic": "temperature",
+            "partition": -i,
+            "offset": 1000 + i,
+        }
+        for i in range(12)
+    ]
+    # No transform: every column lands as the decoder names it.
+    cfg = with_decoding(make_config([topic], transform=None), decoding("avro", schema_registry.url))
+    produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, schema, records), 2)
+
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 12)
+    rows = rows_by_id(cfg.delta.table)
+    assert rows[5]["value_timestamp"] == START + timedelta(minutes=5)
+    assert (rows[5]["value_key"], rows[5]["value_topic"]) == ("sensor-5", "temperature")
+    assert (rows[5]["value_partition"], rows[5]["value_offset"]) == (-5, 1005)
+    # Kafka's own columns are Kafka's: where the record is, and when the broker took it.
+    assert rows[5]["topic"] == topic and rows[5]["partition"] in (0, 1)
+    assert sorted(r["offset"] for r in rows.values() if r["partition"] == 0) == list(range(6))
+    assert all(r["timestamp"] > START + timedelta(days=1) for r in rows.values())
+
+
 def test_a_writer_schema_the_reader_lacks_restarts_the_query_with_its_fields_exactly_once(
     spark, kafka_bootstrap, new_topics, make_config, schema_registry
 ) -> None:

@@ -5,7 +5,8 @@ A transform is a pure ``DataFrame -> DataFrame``. It receives, per micro-batch:
 
 - with ``decoding.value.format: raw``, Spark's Kafka columns as they are (:data:`KAFKA_SCHEMA`:
   key, value, topic, partition, offset, timestamp, timestampType, headers);
-- with a decoder (json, avro, protobuf), the value's own columns, then ``key``, the Kafka
+- with a decoder (json, avro, protobuf), the value's own columns (a field named like one of the
+  columns below as ``value_<name>``, :data:`VALUE_FIELD_PREFIX`), then ``key``, the Kafka
   columns but ``value``, :data:`DEAD_LETTER_COLUMN` (set by the decoder on a record it could
   not decode) and the original bytes of such records (``_raw_key``, ``_raw_value``); with a
   Debezium envelope unwrapped (or tombstones as deletes), the row's columns and
@@ -42,6 +43,12 @@ debezium``: Debezium's ``op``, ``c`` ``u`` ``r`` or ``d``) or a tombstone (``d``
 ``delta.tombstones: delete``). In upsert mode ``d`` deletes the row of its merge key and any
 other value upserts it; the column itself is never written to an upsert table (a transform may
 set it too). In append mode it is a column like any other: the table keeps every change."""
+
+VALUE_FIELD_PREFIX = "value_"
+"""A value's field named like a column the decoder adds (``key``, ``topic``, ``partition``,
+``offset``, ``timestamp``, ``timestampType``, ``headers``, ``_error``, ``_raw_key``,
+``_raw_value``; ``_op`` when ops are marked) arrives as ``value_<name>``: a value's
+``timestamp`` is the column ``value_timestamp``, beside Kafka's ``timestamp``."""
 
 RAW_KEY, RAW_VALUE = "_raw_key", "_raw_value"
 """The original bytes of a record the decoder could not decode (kept on such rows only)."""

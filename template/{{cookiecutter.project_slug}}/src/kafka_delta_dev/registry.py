@@ -461,7 +461,8 @@ class _ProtoPrinter:
                 label = "optional "
         if field.type == P.TYPE_GROUP and entry is not None:
             self.emit(
-                depth, f"{label}group {entry.name} = {field.number}{self.field_options(field)} {{"
+                depth,
+                f"{label}group {entry.name} = {field.number}{self.field_options(field)} " + "{",
             )
             self.body(entry, depth + 1)
             self.emit(depth, "}")
@@ -470,7 +471,7 @@ class _ProtoPrinter:
         self.emit(depth, f"{label}{kind} {field.name} = {field.number}{self.field_options(field)};")
 
     def message(self, message: Any, depth: int) -> None:
-        self.emit(depth, f"message {message.name} {{")
+        self.emit(depth, f"message {message.name} " + "{")
         self.body(message, depth + 1)
         self.emit(depth, "}")
 
@@ -502,7 +503,7 @@ class _ProtoPrinter:
                     continue
                 written.add(index)
                 oneof = message.oneof_decl[index]
-                self.emit(depth, f"oneof {oneof.name} {{")
+                self.emit(depth, f"oneof {oneof.name} " + "{")
                 for name, value in _options(oneof.options):
                     self.emit(depth + 1, f"option {name} = {value};")
                 for member in message.field:
@@ -527,7 +528,7 @@ class _ProtoPrinter:
         self.extensions(message.extension, depth)
 
     def enum(self, enum: Any, depth: int) -> None:
-        self.emit(depth, f"enum {enum.name} {{")
+        self.emit(depth, f"enum {enum.name} " + "{")
         for name, value in _options(enum.options):
             self.emit(depth + 1, f"option {name} = {value};")
         for value in enum.value:
@@ -545,7 +546,7 @@ class _ProtoPrinter:
         self.emit(depth, "}")
 
     def service(self, service: Any) -> None:
-        self.emit(0, f"service {service.name} {{")
+        self.emit(0, f"service {service.name} " + "{")
         for name, value in _options(service.options):
             self.emit(1, f"option {name} = {value};")
         for method in service.method:
@@ -570,7 +571,7 @@ class _ProtoPrinter:
         for field in fields:
             by_extendee.setdefault(field.extendee, []).append(field)
         for extendee, members in by_extendee.items():
-            self.emit(depth, f"extend {extendee} {{")
+            self.emit(depth, f"extend {extendee} " + "{")
             for field in members:
                 self.field(field, depth + 1, {}, in_oneof=False)
             self.emit(depth, "}")
@@ -1228,7 +1229,9 @@ class Registry:
                     422,
                     42206,
                     "One or more references exist to the schema "
-                    f"{{magic=1,keytype=SCHEMA,subject={subject},version={entry['version']}}}.",
+                    "{"
+                    + f"magic=1,keytype=SCHEMA,subject={subject},version={entry['version']}"
+                    + "}.",
                 )
 
     def delete_subject(self, subject: str, query: dict, body: Any) -> list[int]:

@@ -23,6 +23,7 @@ from kafka_delta.contract import (
     RAW_KEY,
     RAW_VALUE,
     RECORD_COLUMNS,
+    VALUE_FIELD_PREFIX,
 )
 from kafka_delta.decoding.envelope import row_fields, value_arrays
 from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, SchemaFileError
@@ -43,18 +44,38 @@ def _key_type(key: FieldSpec) -> pa.DataType:
     return pa.struct(list(key.reader))
 
 
-def output_schema(spec: DecodeSpec) -> pa.Schema:
+def value_columns(spec: DecodeSpec) -> list[pa.Field]:
+    """The value's fields as the decoder's output names them: a field with the name of a column
+    the decoder adds (``key``, ``topic``, ``partition``, ``offset``, ``timestamp``,
+    ``timestampType``, ``headers``, the engine's ``_error``, ``_raw_key``, ``_raw_value`` and,
+    when ops are marked, ``_op``) is ``value_<name>``
+    (:data:`~kafka_delta.contract.VALUE_FIELD_PREFIX`): Kafka's columns keep their names, a
+    value's ``timestamp`` lands as ``value_timestamp``. The rule depends on the name alone, so a
+    later schema version never renames a column a table already has."""
+    fields = row_fields(spec)
+    op = [fields.pop()] if spec.marks_ops else []  # the engine's _op, last
     reserved = _RESERVED | ({OP_COLUMN} if spec.marks_ops else set())
-    clash = sorted(reserved & set(spec.value.reader.names))
-    if clash:
-        raise SchemaFileError(
-            f"the value's field(s) {', '.join(clash)} have the names of the Kafka columns the "
-            "decoder adds; rename them in the producers' schema, or decode with format raw"
-        )
+    names = {f.name for f in fields}
+    out = []
+    for f in fields:
+        if f.name in reserved:
+            own = VALUE_FIELD_PREFIX + f.name
+            if own in names:
+                raise SchemaFileError(
+                    f"the value's field {f.name!r} has the name of a column the decoder adds, so "
+                    f"it lands as {own!r}, but the value also has a field {own!r}: rename one of "
+                    "them in the producers' schema"
+                )
+            f = f.with_name(own)
+        out.append(f)
+    return out + op
+
+
+def output_schema(spec: DecodeSpec) -> pa.Schema:
     key = KAFKA_ARROW_SCHEMA.field("key").type if spec.key is None else _key_type(spec.key)
     return pa.schema(
         [
-            *row_fields(spec),
+            *value_columns(spec),
             pa.field("key", key),
             *(KAFKA_ARROW_SCHEMA.field(name) for name in RECORD_COLUMNS),
             pa.field(DEAD_LETTER_COLUMN, pa.string()),

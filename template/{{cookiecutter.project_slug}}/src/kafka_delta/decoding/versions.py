@@ -167,7 +167,7 @@ def fit_rule(
     if pa.types.is_list(writer) and pa.types.is_list(reader):
         return fit_rule(writer.value_type, reader.value_type, f"{where}[]", checked, new)
     if pa.types.is_map(writer) and pa.types.is_map(reader) and writer.key_type == reader.key_type:
-        return fit_rule(writer.item_type, reader.item_type, f"{where}{{}}", checked, new)
+        return fit_rule(writer.item_type, reader.item_type, where + "{}", checked, new)
     return f"{where} is {writer} in the writer's schema but {reader} in the table's"
 
 
@@ -251,7 +251,7 @@ def fit_column(
         )
         return fitted, None if bad is None else _any_per_list(array, bad), why
     if pa.types.is_map(writer) and pa.types.is_map(reader):
-        items, bad, why = fit_column(array.items, reader.item_type, f"{where}{{}}")
+        items, bad, why = fit_column(array.items, reader.item_type, where + "{}")
         fitted = pa.MapArray.from_arrays(
             array.offsets,
             array.keys,

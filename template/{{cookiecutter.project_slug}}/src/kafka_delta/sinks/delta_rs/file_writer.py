@@ -501,9 +501,9 @@ def _strict(array: pa.Array, t: pa.DataType, where: str, table_uri: str) -> pa.A
             _refuse(f"{where}[]", table_uri)
         return pa.ListArray.from_arrays(array.offsets, values, type=t, mask=mask)
     if pa.types.is_map(t):
-        items = _strict(array.items, t.item_type, f"{where}{{}}", table_uri)
+        items = _strict(array.items, t.item_type, where + "{}", table_uri)
         if not t.item_field.nullable and items.null_count:
-            _refuse(f"{where}{{}}", table_uri)
+            _refuse(where + "{}", table_uri)
         return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=t, mask=mask)
     return array
 
