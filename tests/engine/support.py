@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from deltalake import DeltaTable
-from kafka_delta.config import PipelineConfig
+from kafka_delta.config import PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin, total_lag
 from kafka_delta.recovery.checkpoint import CheckpointLog
 from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
@@ -59,6 +59,39 @@ def project_env(**extra: str) -> dict[str, str]:
     import os
 
     return {**os.environ, "PYTHONPATH": str(PROJECT / "src"), **extra}
+
+
+def run_until_crash(cfg: PipelineConfig, folder: Path, point: str, after: int = 0) -> None:
+    """Run ``cfg`` as the project's process (``python -m kafka_delta``) until the crash point
+    ``point`` (kafka_delta.runtime.faults) kills it, after ``after`` passes; asserts it died
+    there, by SIGKILL, and not before."""
+    import os
+    import signal
+    import subprocess
+
+    import yaml
+
+    config = folder / "conf" / "crash.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+    assert load_config(config) == cfg
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
+    env.update(
+        PYTHONPATH=str(PROJECT / "src"),
+        PYSPARK_PYTHON=sys.executable,
+        KAFKA_DELTA_CRASH_AT=point,
+        **({"KAFKA_DELTA_CRASH_AFTER": str(after)} if after else {}),
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # the crash point kills this process group only
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
 
 
 def spark_jobs(spark, action: Callable[[], T]) -> tuple[T, list[int]]:

@@ -23,9 +23,6 @@ import itertools
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -35,7 +32,6 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
-import yaml
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -46,7 +42,7 @@ from kafka_delta.config import PipelineConfig
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.produce import produce_values
-from support import PROJECT, assert_exactly_once, table_ids
+from support import assert_exactly_once, run_until_crash, table_ids
 from test_avro_generated import _avro_value, _column_value
 from test_avro_generated import avro_types as generated_types
 
@@ -167,25 +163,7 @@ def test_a_crash_between_the_nested_field_commit_and_the_batch_loses_and_doubles
     v2 = [{"id": i, "address": {"street": "x", "zip": "z"}, "previous": []} for i in range(10, 20)]
     produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, _address_v2(), v2))
 
-    config = tmp_path / "conf" / "crash.yaml"
-    config.parent.mkdir()
-    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
-    env.update(
-        PYTHONPATH=str(PROJECT / "src"),
-        PYSPARK_PYTHON=sys.executable,
-        KAFKA_DELTA_CRASH_AT="after_add_columns",
-    )
-    crashed = subprocess.run(
-        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # the crash point kills this process group only
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_until_crash(cfg, tmp_path, "after_add_columns")
     assert [f.name for f in table_schema(cfg).field("address").type] == ["street", "zip"]
     assert sorted(table_ids(cfg)) == list(range(10))
 

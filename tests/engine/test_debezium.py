@@ -8,10 +8,6 @@ kafka_delta_dev.debezium (Avro by confluent-kafka's own serializer)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,7 @@ from kafka_delta_dev.debezium import (
     produce_changes,
     produce_records,
 )
-from support import PROJECT
+from support import run_until_crash
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -199,27 +195,7 @@ def test_debezium_avro_through_a_kill_lands_exactly_once_and_no_commit_reapplies
             "value": {"format": "avro", "envelope": "debezium"},
         },
     )
-    config = tmp_path / "conf" / "crash.yaml"
-    config.parent.mkdir()
-    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
-    assert load_config(config) == cfg
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
-    env.update(
-        PYTHONPATH=str(PROJECT / "src"),
-        PYSPARK_PYTHON=sys.executable,
-        KAFKA_DELTA_CRASH_AT="after_delta_commit",
-        KAFKA_DELTA_CRASH_AFTER="1",
-    )
-    crashed = subprocess.run(
-        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # the crash point kills this process group only
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_until_crash(cfg, tmp_path, "after_delta_commit", after=1)
     commits_before = _pipeline_commits(cfg)
     assert [c.batch_id for _, c in commits_before] == [0, 1]
 

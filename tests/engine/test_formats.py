@@ -6,10 +6,6 @@ the registry's API in test_registry.py."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -18,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -26,7 +21,7 @@ from deltalake import DeltaTable
 from kafka_delta.config import PipelineConfig
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.produce import order_event_avro, produce_values
-from support import PROJECT, assert_exactly_once, table_ids
+from support import PROJECT, assert_exactly_once, run_until_crash, table_ids
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -474,25 +469,7 @@ def test_a_crash_between_the_add_columns_commit_and_the_batch_loses_and_doubles_
     v2 = [order(i, channel="web") for i in range(10, 20)]
     produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, ORDER_V2, v2), 2)
 
-    config = tmp_path / "conf" / "crash.yaml"
-    config.parent.mkdir()
-    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_DELTA_")}
-    env.update(
-        PYTHONPATH=str(PROJECT / "src"),
-        PYSPARK_PYTHON=sys.executable,
-        KAFKA_DELTA_CRASH_AT="after_add_columns",
-    )
-    crashed = subprocess.run(
-        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # the crash point kills this process group only
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    run_until_crash(cfg, tmp_path, "after_add_columns")
     table = DeltaTable(cfg.delta.table)
     assert "channel" in table.schema().to_arrow().names
     assert sorted(table_ids(cfg)) == list(range(10))
