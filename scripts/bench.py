@@ -16,7 +16,13 @@ Rows, each measured in its own process tree (records/s, wall seconds, start-up, 
 5. the same pipeline with that machinery off;
 6. the pipeline on the delta-spark sink (engine {source: embedded, sink: delta_spark}),
    exactly-once on, with the jars of --delta-jars (default $KAFKA_DELTA_JARS); without jars the
-   row says so and is skipped.
+   row says so and is skipped;
+7. the plain idempotent foreachBatch write on delta-spark (txnAppId/txnVersion), same jars;
+8. row 4 on the same events as Confluent-framed Avro (development Schema Registry);
+9. row 3 on those Avro events (fastavro);
+10. the ceiling: the pipeline's read path (Kafka read, decoding, hand-off, transform) to Spark's
+    noop sink, nothing written; its process first takes Spark's floor (scripts/spark_floor's
+    queries, --floor-batches each), so one Spark start serves both.
 
 records/s is steady state: from the end of the first batch (row 1: from creating the consumers)
 to the end of the run, so JVM start, Python imports and warm-up are excluded; start-up is reported
@@ -25,16 +31,22 @@ Every table is checked to hold exactly N rows with N distinct ids. The sweep run
 over batch sizes (10k..500k records, scaled down for small --records) and partition counts
 (1, 4, 16) and fits a line, batch seconds = fixed + marginal x records, per partition count. The
 memory runs measure the driver's peak RSS with --rss-batch-sizes batches and its RSS batch by
-batch over --memory-batches batches. Output in --out: bench.csv, bench.png, logs/.
+batch over --memory-batches batches. Scale runs, off by default: --wide-topics 8 (a sweep
+point over 8 topics, --wide-partitions 64 in all) and --many-batches 2000 (the cost of a steady
+batch at the start of a long run against its end, as the table's versions grow). Output in
+--out: bench.csv, bench.png, logs/.
 
 The LAST line is machine-checkable (nan: not measured by this run, e.g. with --no-sweep):
 
     bench: pipeline_rps=<X> simple_ingest_rps=<Z> ratio_to_simple=<X/Z> batch_fixed_s=<F> \
-us_per_record=<M> startup_s=<S> overhead_pct=<O> driver_rss_ratio=<R> delta_spark_rps=<D>
+us_per_record=<M> startup_s=<S> overhead_pct=<O> driver_rss_ratio=<R> delta_spark_rps=<D> \
+delta_spark_to_plain=<D/P> avro_ratio_to_simple=<A> pipeline_to_ceiling=<X/C> \
+startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB>
 
-X, Z, D: rows 4, 3, 6; F, M: the sweep's fit at 4 partitions; S: row 4's start-up;
+X, Z, D, P, C: rows 4, 3, 6, 7, 10; F, M: the sweep's fit at 4 partitions; S: row 4's start-up;
 O = (row 5 - row 4) / row 5 x 100; R = the Python driver's peak RSS with the largest
---rss-batch-sizes batches over that with the smallest.
+--rss-batch-sizes batches over that with the smallest; A = row 8 / row 9; FF, FB: Spark's floor
+(first batch from process start, cost of a later batch), taken in row 10's process.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ class archive, the Python launcher, Spark's UI off).
   Spark job at all (Spark's offset and commit logs, planning, the foreachBatch call).
 
 The pipeline's ``startup_s`` and ``batch_fixed_s`` (scripts/bench) are these plus its own work.
+scripts/bench takes these figures in its own run (row 10's process runs :func:`measure` on its
+session before the pipeline's read path): its last line holds the pipeline's start-up and fixed
+cost per batch over them.
 
     scripts/spark_floor [--batches 40]
 """
@@ -87,8 +90,7 @@ def _register(spark, batches: int) -> None:
 
 
 def _run(spark, checkpoint: Path, batches: int, write: bool) -> tuple[float, float]:
-    """(seconds from the script's start to the end of batch 0, median batch seconds after the
-    first five)."""
+    """(the time batch 0 ended, epoch seconds; median batch seconds after the first five)."""
     first: list[float] = []
 
     def batch(frame, batch_id: int) -> None:
@@ -113,7 +115,21 @@ def _run(spark, checkpoint: Path, batches: int, write: bool) -> tuple[float, flo
     finally:
         query.stop()
     durations = [p["durationMs"]["triggerExecution"] for p in query.recentProgress][5:]
-    return first[0] - STARTED, statistics.median(durations) / 1000
+    return first[0], statistics.median(durations) / 1000
+
+
+def measure(spark, batches: int) -> dict[str, float]:
+    """The floor's two queries on ``spark``: ``first_batch_at`` (epoch seconds at which the
+    first one's batch 0 ended), ``batch_s`` and ``batch_no_job_s`` (see the module's
+    docstring)."""
+    work = Path(tempfile.mkdtemp(prefix="spark-floor-"))
+    try:
+        _register(spark, batches)
+        first_at, batch_s = _run(spark, work / "noop", batches, write=True)
+        _, no_job_s = _run(spark, work / "no-job", batches, write=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"first_batch_at": first_at, "batch_s": batch_s, "batch_no_job_s": no_job_s}
 
 
 def main(argv: list[str]) -> int:
@@ -124,17 +140,14 @@ def main(argv: list[str]) -> int:
         parser.error("--batches must be at least 10 (the first five are warm-up)")
     spark = _session()
     session_s = time.time() - STARTED
-    work = Path(tempfile.mkdtemp(prefix="spark-floor-"))
     try:
-        _register(spark, args.batches)
-        first_s, batch_s = _run(spark, work / "noop", args.batches, write=True)
-        _, no_job_s = _run(spark, work / "no-job", args.batches, write=False)
+        figures = measure(spark, args.batches)
     finally:
         spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
     print(
-        f"floor: session_s={session_s:.2f} first_batch_s={first_s:.2f} "
-        f"batch_s={batch_s:.3f} batch_no_job_s={no_job_s:.3f}"
+        f"floor: session_s={session_s:.2f} "
+        f"first_batch_s={figures['first_batch_at'] - STARTED:.2f} "
+        f"batch_s={figures['batch_s']:.3f} batch_no_job_s={figures['batch_no_job_s']:.3f}"
     )
     return 0
 

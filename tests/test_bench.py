@@ -28,15 +28,18 @@ LAST_LINE = re.compile(
     rf"overhead_pct=(?P<overhead>{NUMBER}) driver_rss_ratio=(?P<rss_ratio>{NUMBER}) "
     rf"delta_spark_rps=(?P<delta_spark>{NUMBER}) "
     rf"delta_spark_to_plain=(?P<delta_spark_to_plain>{NUMBER}) "
-    rf"avro_ratio_to_simple=(?P<avro_ratio>{NUMBER})$"
+    rf"avro_ratio_to_simple=(?P<avro_ratio>{NUMBER}) "
+    rf"pipeline_to_ceiling=(?P<to_ceiling>{NUMBER}) "
+    rf"startup_over_floor_s=(?P<startup_over_floor>{NUMBER}) "
+    rf"fixed_over_floor_s=(?P<fixed_over_floor>{NUMBER})$"
 )
 
 
 # 3000 records in 2 batches per pipeline row; a sweep of two points at 4 partitions (the fit
 # needs two, with steady batches of different sizes); driver peaks at two batch sizes; a
-# 3-batch memory run.
+# 3-batch memory run; Spark's floor at its fewest batches (in row 10's process).
 TINY = (
-    "--records 3000 --partitions 2 --batch-size 1500 "
+    "--records 3000 --partitions 2 --batch-size 1500 --floor-batches 10 "
     "--sweep-partitions 4 --sweep-records 2000 --sweep-batch-sizes 500,1000 "
     "--rss-batch-sizes 500,1500 --rss-batches 1 --memory-batches 3 --memory-batch-size 250"
 ).split()
@@ -79,7 +82,7 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert figures[key] > 0, last
     # The fit and the exactly-once overhead rest on differences of measurements: noise
     # may make them negative on a busy machine, but they are measured (not nan).
-    for key in ("fixed", "us", "overhead"):
+    for key in ("fixed", "us", "overhead", "startup_over_floor", "fixed_over_floor"):
         assert not math.isnan(figures[key]), last
     assert figures["ratio"] == pytest.approx(
         figures["pipeline"] / figures["simple"], rel=0.01, abs=1e-4
@@ -93,10 +96,23 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
 
     table = _csv(tmp_path)
     main = [r for r in table if r["section"] == "main"]
-    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     # Rows 8 and 9: the same events as Confluent-framed Avro behind the development registry.
     rps = {int(r["row"]): float(r["records_per_s"]) for r in main if r["verified"] == "True"}
     assert figures["avro_ratio"] == pytest.approx(rps[8] / rps[9], rel=0.01), last
+    # Row 10: the read path to Spark's noop sink, and Spark's floor taken in its process.
+    assert figures["to_ceiling"] == pytest.approx(rps[4] / rps[10], rel=0.01), last
+    (ceiling,) = [r for r in main if r["row"] == "10"]
+    floor = {k: float(ceiling[f"floor_{k}"]) for k in ("session_s", "first_batch_s", "batch_s")}
+    assert 0 < floor["session_s"] < floor["first_batch_s"], ceiling
+    assert floor["batch_s"] > 0 and float(ceiling["floor_batch_no_job_s"]) > 0, ceiling
+    (row4,) = [r for r in main if r["row"] == "4"]
+    assert figures["startup_over_floor"] == pytest.approx(
+        float(row4["startup_s"]) - floor["first_batch_s"], abs=0.06
+    ), last
+    assert figures["fixed_over_floor"] == pytest.approx(
+        figures["fixed"] - floor["batch_s"], abs=2e-3
+    ), last
     if jars:  # row 7: the plain foreachBatch write the delta-spark sink is measured against
         assert figures["delta_spark_to_plain"] == pytest.approx(rps[6] / rps[7], rel=0.01), last
     for row in main:
@@ -107,7 +123,7 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert int(row["records"]) == int(row["rows_out"]) == 3000, row
         assert float(row["records_per_s"]) > 0, row
         assert float(row["peak_rss_mb"]) > 0, row
-        if int(row["row"]) >= 2:  # every Delta table holds each id exactly once
+        if 2 <= int(row["row"]) <= 9:  # every Delta table holds each id exactly once
             assert int(row["distinct_ids"]) == 3000, row
     for row in (r for r in main if int(r["row"]) in (4, 5, 6, 7, 8) and r["verified"] == "True"):
         assert float(row["startup_s"]) > 0, row
@@ -224,6 +240,25 @@ def test_steady_batch_cost_times_batches_from_commit_to_commit() -> None:
     # Batch 0 (start-up) is left out: two steady batches of 100 and 300 rows in 6 seconds.
     assert sweep.steady_batch_cost([(10.0, 999), (13.0, 100), (16.0, 300)]) == (200.0, 3.0)
     assert sweep.steady_batch_cost([(10.0, 999)]) is None
+
+
+def test_a_long_run_compares_its_first_and_last_steady_batches() -> None:
+    # (commit time, rows, batch function s, sink s): batch 0 is start-up; 4 steady batches
+    # whose cost grew from 0.5 s to 0.75 s, the sink's share from 0.1 s to 0.3 s.
+    batches = [[10.0, 9, 5.0, 1.0], [10.5, 1, 0.4, 0.1], [11.0, 1, 0.4, 0.1]]
+    batches += [[11.75, 1, 0.6, 0.3], [12.5, 1, 0.6, 0.3]]
+    costs = report.many_batch_costs(batches, window=2)
+    assert costs == {
+        "window_batches": 2,
+        "first_s_per_batch": 0.5,
+        "first_function_s": 0.4,
+        "first_sink_s": 0.1,
+        "last_s_per_batch": 0.75,
+        "last_function_s": 0.6,
+        "last_sink_s": 0.3,
+        "growth_pct": 50.0,
+    }
+    assert report.many_batch_costs(batches[:2]) == {}  # one steady batch: nothing to compare
 
 
 def test_fits_come_from_the_sweep_rows_of_each_partition_count() -> None:
@@ -359,7 +394,8 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "bench: pipeline_rps=90000 simple_ingest_rps=150000 ratio_to_simple=0.6000 "
         "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=nan delta_spark_rps=nan delta_spark_to_plain=nan "
-        "avro_ratio_to_simple=nan"
+        "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
+        "fixed_over_floor_s=nan"
     )
     results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
     for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
@@ -375,21 +411,28 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
     assert report.last_line(results).endswith(
         "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=1.050 delta_spark_rps=nan delta_spark_to_plain=nan "
-        "avro_ratio_to_simple=nan"
+        "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
+        "fixed_over_floor_s=nan"
     )
     results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
-    assert report.last_line(results).endswith(
-        "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan"
+    assert "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan " in (
+        report.last_line(results)
     )
     results.rows.append(rows.Row(7, "plain foreachBatch", 20_000, rps=40_000.0, verified=True))
-    assert report.last_line(results).endswith(
-        "delta_spark_rps=30000 delta_spark_to_plain=0.7500 avro_ratio_to_simple=nan"
+    assert "delta_spark_rps=30000 delta_spark_to_plain=0.7500 avro_ratio_to_simple=nan " in (
+        report.last_line(results)
     )
     results.rows += [
         rows.Row(8, "avro pipeline", 20_000, rps=60_000.0, verified=True),
         rows.Row(9, "avro simple", 20_000, rps=80_000.0, verified=True),
     ]
-    assert report.last_line(results).endswith("avro_ratio_to_simple=0.7500")
+    assert "avro_ratio_to_simple=0.7500 " in report.last_line(results)
+    # Row 10 (the ceiling) and Spark's floor, taken in its process: the pipeline against them.
+    floor = {"floor_first_batch_s": 10.04, "floor_batch_s": 0.3}
+    results.rows.append(rows.Row(10, "ceiling", 20_000, rps=120_000.0, verified=True, extra=floor))
+    assert report.last_line(results).endswith(
+        "pipeline_to_ceiling=0.7500 startup_over_floor_s=2.3 fixed_over_floor_s=0.310"
+    )
 
 
 def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path) -> None:
@@ -421,8 +464,11 @@ def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path)
 
 def test_options_refuse_rows_that_do_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.parse_args(["--rows", "4,10"])
-    assert "no row [10]" in capsys.readouterr().err
+        cli.parse_args(["--rows", "4,11"])
+    assert "no row [11]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--floor-batches", "9"])
+    assert "--floor-batches must be at least 10" in capsys.readouterr().err
     assert cli.parse_args(["--rss-batch-sizes", "1000000,50000"]).rss_batch_sizes == [
         50_000,
         1_000_000,

@@ -48,8 +48,15 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         "--rows",
         type=_int_list,
         default=sorted(ROW_NAMES),
-        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-9; the last line "
+        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-10; the last line "
         "shows nan for what was not measured)",
+    )
+    parser.add_argument(
+        "--floor-batches",
+        type=int,
+        default=40,
+        help="micro-batches of each of Spark's floor queries, run with row 10 (default 40, "
+        "at least 10)",
     )
     parser.add_argument(
         "--delta-jars",
@@ -94,6 +101,29 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     mem.add_argument(
         "--memory-batch-size", type=int, default=10_000, help="its batch size (default 10000)"
     )
+    scale = parser.add_argument_group(
+        "scale (off by default; each runs in the session, after the sweep)"
+    )
+    scale.add_argument(
+        "--wide-topics",
+        type=int,
+        default=0,
+        help="a sweep point over this many topics (e.g. 8), --wide-partitions in all, at the "
+        "smallest sweep batch size and --sweep-records (default 0: none)",
+    )
+    scale.add_argument(
+        "--wide-partitions", type=int, default=64, help="their partitions in all (default 64)"
+    )
+    scale.add_argument(
+        "--many-batches",
+        type=int,
+        default=0,
+        help="a run of this many small batches (e.g. 2000): the per-batch cost at its start "
+        "against its end, as the table's versions grow (default 0: none)",
+    )
+    scale.add_argument(
+        "--many-batch-size", type=int, default=100, help="their records each (default 100)"
+    )
     parser.add_argument(
         "--consumers", type=int, default=os.cpu_count() or 1, help="row 1 processes (cores)"
     )
@@ -108,6 +138,14 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         parser.error("--records must be >= 2, --partitions and --repeats >= 1")
     if unknown := sorted(set(args.rows) - set(ROW_NAMES)):
         parser.error(f"--rows: no row {unknown}; rows are {min(ROW_NAMES)}-{max(ROW_NAMES)}")
+    if args.wide_topics < 0 or args.many_batches < 0 or args.many_batch_size < 1:
+        parser.error("--wide-topics and --many-batches must be >= 0, --many-batch-size >= 1")
+    if args.wide_topics and args.wide_partitions % args.wide_topics:
+        parser.error("--wide-partitions must be a multiple of --wide-topics")
+    if args.many_batches == 1:
+        parser.error("--many-batches must be 0 or at least 2 (the first batch is start-up)")
+    if args.floor_batches < 10:
+        parser.error("--floor-batches must be at least 10 (the first five are warm-up)")
     if args.rss_batches < 1 or args.memory_batches < 0 or args.memory_batch_size < 1:
         parser.error("--rss-batches and --memory-batch-size must be >= 1, --memory-batches >= 0")
     args.batch_size = args.batch_size or default_batch_size(args.records)

@@ -1,10 +1,13 @@
-"""Rows 5 and 7: the generated pipeline with its exactly-once machinery left out (no stored
-offsets, no fencing, no commit-back), so the bench can measure what that machinery costs.
+"""Rows 5, 7 and 10: the generated pipeline with its exactly-once machinery left out (no stored
+offsets, no fencing, no commit-back), so the bench can measure what that machinery costs, and
+with nothing written at all (row 10).
 
 - Row 5 (delta-rs sink): no txn either.
 - Row 7 (delta-spark sink): the idempotent write Databricks documents for ``foreachBatch``,
   ``batch_df.write.format("delta").option("txnAppId", ...).option("txnVersion", batch_id)
   .mode("append")``, the anchor the delta-spark sink is measured against (issue 18).
+- Row 10, the ceiling: the pipeline's read path (Kafka read and decoding in the read task, the
+  hand-off into Spark, the transform) with its batches written to Spark's ``noop`` sink.
 
 It lives here, not in the product: a pipeline never runs this way. The rows are written by the
 sink's own writer (the delta-rs sink's task-written files, committed with no commit properties;
@@ -73,3 +76,27 @@ def plain_pipeline(base: type, txn: bool = False) -> type:
             log.info("batch=%d rows_written=%d (plain append%s)", batch_id, rows, ", txn" * txn)
 
     return PlainPipeline
+
+
+def noop_pipeline(base: type) -> type:
+    """A subclass of the engine's ``Pipeline`` whose batches go through the transform to Spark's
+    ``noop`` sink: what the read path costs with nothing written (row 10). The rows are counted
+    as the pipeline counts the records it read (``DataFrame.observe``, no extra job)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    class NoopPipeline(base):  # type: ignore[misc,valid-type]
+        def _process_batch(self, df: Any, batch_id: int) -> None:
+            from kafka_delta.pipeline import records_read
+
+            started = time.perf_counter()
+            observation = Observation()
+            out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
+            out.write.format("noop").mode("append").save()
+            rows = records_read(observation) or 0
+            self.summary.batches += 1
+            self.summary.rows_written += rows
+            self.summary.batch_seconds.append(time.perf_counter() - started)
+            log.info("batch=%d rows_written=%d (noop sink)", batch_id, rows)
+
+    return NoopPipeline

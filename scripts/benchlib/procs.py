@@ -16,7 +16,7 @@ from typing import Any
 
 from .limits import work_consume, work_simple, work_simple_avro, work_write
 from .memory import TreeSampler
-from .spark_run import work_pipeline, work_session
+from .spark_run import work_ceiling, work_pipeline, work_session
 
 ENTRY = Path(__file__).resolve().parents[1] / "bench.py"
 
@@ -26,6 +26,7 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "simple": work_simple,
     "simple_avro": work_simple_avro,
     "pipeline": work_pipeline,
+    "ceiling": work_ceiling,
     "session": work_session,
 }
 

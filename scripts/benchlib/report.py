@@ -29,6 +29,9 @@ HEADLINE = {
     "delta_spark_rps": "{:.0f}",
     "delta_spark_to_plain": "{:.4f}",
     "avro_ratio_to_simple": "{:.4f}",
+    "pipeline_to_ceiling": "{:.4f}",
+    "startup_over_floor_s": "{:.1f}",
+    "fixed_over_floor_s": "{:.3f}",
 }
 
 
@@ -42,6 +45,7 @@ class Results:
     rows: list[Row] = field(default_factory=list)  # the main rows, repeats included
     sweep: list[Row] = field(default_factory=list)
     memory: list[Row] = field(default_factory=list)  # RSS points, then the many-batch run
+    scale: list[Row] = field(default_factory=list)  # --many-batches
     problems: list[str] = field(default_factory=list)
     class_archive: str = ""  # the JVM class archive the Spark runs started from, if any
 
@@ -80,11 +84,13 @@ def headline(results: Results) -> dict[str, float]:
         for r in results.memory
         if r.batch_size and "driver_peak_mb" in r.extra
     }
+    floor = rows[10].extra if 10 in rows else {}
+    fixed = fit.fixed_s if fit else NAN
     return {
         "pipeline_rps": pipeline,
         "simple_ingest_rps": simple,
         "ratio_to_simple": pipeline / simple,
-        "batch_fixed_s": fit.fixed_s if fit else NAN,
+        "batch_fixed_s": fixed,
         "us_per_record": fit.us_per_record if fit else NAN,
         "startup_s": startup,
         "overhead_pct": (off - pipeline) / off * 100,
@@ -92,7 +98,20 @@ def headline(results: Results) -> dict[str, float]:
         "delta_spark_rps": _rps(rows, 6),
         "delta_spark_to_plain": _rps(rows, 6) / _rps(rows, 7),
         "avro_ratio_to_simple": _rps(rows, 8) / _rps(rows, 9),
+        "pipeline_to_ceiling": pipeline / _rps(rows, 10),
+        "startup_over_floor_s": startup - floor.get("floor_first_batch_s", NAN),
+        "fixed_over_floor_s": fixed - floor.get("floor_batch_s", NAN),
     }
+
+
+def floor_text(row: Row) -> str:
+    """Spark's floor as row 10's process measured it (see :func:`.spark_run.work_ceiling`)."""
+    x = row.extra
+    return (
+        f"session {x['floor_session_s']:.1f}s, first batch {x['floor_first_batch_s']:.1f}s from "
+        f"the process start, then {x['floor_batch_s']:.3f}s per batch "
+        f"({x['floor_batch_no_job_s']:.3f}s with no job)"
+    )
 
 
 def last_line(results: Results) -> str:
@@ -150,12 +169,17 @@ def print_table(results: Results) -> None:
                 f"row {r.number} start-up {r.startup_s:.1f}s: "
                 + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items())
             )
+    for r in rows:
+        if "floor_batch_s" in r.extra:
+            where = f"scripts/spark_floor, first in row {r.number}'s process"
+            say(f"Spark's floor ({where}): {floor_text(r)}")
     if results.class_archive:
         say(f"JVM class archive: {results.class_archive}")
     notes = [f"{r.number}: {r.note}" for r in rows if r.note]
     if notes:
         say("notes: " + "; ".join(notes))
     _print_fits(results)
+    _print_scale(results)
     _print_memory(results)
     say(
         "records/s: steady state, from the first committed batch to the end (row 1: from "
@@ -164,6 +188,53 @@ def print_table(results: Results) -> None:
         "JVM MB: of the JVM it started (in local mode it also runs the tasks); tree MB: sampled "
         "peak of the whole process tree."
     )
+
+
+def many_batch_costs(batches: list[list[float]], window: int = 100) -> dict[str, float]:
+    """A long run's steady batches at its start and at its end (``window`` each, fewer when
+    the run is short): seconds per batch commit to commit, in the batch function, and of that
+    in the Delta sink; and how much the last window's commit-to-commit cost exceeds the first's."""
+    steady = len(batches) - 1
+    if steady < 2:
+        return {}
+    n = max(1, min(window, steady // 2))
+    out: dict[str, float] = {"window_batches": n}
+    for name, part in (("first", batches[: n + 1]), ("last", batches[-(n + 1) :])):
+        out[f"{name}_s_per_batch"] = round((part[-1][0] - part[0][0]) / n, 4)
+        out[f"{name}_function_s"] = round(sum(b[2] for b in part[1:]) / n, 4)
+        out[f"{name}_sink_s"] = round(sum(b[3] for b in part[1:]) / n, 4)
+    out["growth_pct"] = round((out["last_s_per_batch"] / out["first_s_per_batch"] - 1) * 100, 1)
+    return out
+
+
+def many_batch_text(r: Row) -> str:
+    x = r.extra
+    if "first_s_per_batch" not in x:
+        return f"{r.name}: too few batches to compare"
+    return (
+        f"{r.name}: {x['first_s_per_batch']:.3f} s/batch over its first {x['window_batches']:.0f}"
+        f" steady batches, {x['last_s_per_batch']:.3f} over its last ({x['growth_pct']:+.1f}%; "
+        f"batch function {x['first_function_s']:.3f} -> {x['last_function_s']:.3f} s, of which "
+        f"sink {x['first_sink_s']:.3f} -> {x['last_sink_s']:.3f} s); table versions "
+        f"{_fmt(x.get('table_versions'), '{:,}')}"
+    )
+
+
+def _print_scale(results: Results) -> None:
+    """The per-batch cost by partition count at the smallest sweep batch size (the wide point,
+    over many topics, among them), and the long run's per-batch cost at its start and end."""
+    if any(r.extra.get("topics", 1) > 1 for r in results.sweep):
+        size = min(r.batch_size or 0 for r in results.sweep)
+        costs = [
+            f"p={r.partitions}"
+            + (f" over {r.extra['topics']} topics" if r.extra.get("topics", 1) > 1 else "")
+            + f": {r.extra['steady_s_per_batch']:.3f}s"
+            for r in sorted(results.sweep, key=lambda r: r.partitions)
+            if r.batch_size == size and "steady_s_per_batch" in r.extra
+        ]
+        say(f"per-batch cost at {size:,}-record batches, by partitions: " + ", ".join(costs))
+    for r in results.scale:
+        say(many_batch_text(r))
 
 
 def _print_fits(results: Results) -> None:
@@ -261,6 +332,7 @@ def write_csv(results: Results, out: Path) -> Path:
         ("sweep", results.sweep),
         ("fit", fit_rows),
         ("memory", results.memory),
+        ("scale", results.scale),
     )
     extra_keys = sorted({k for _, rows in sections for r in rows for k in r.extra})
     path = out / "bench.csv"

@@ -20,6 +20,7 @@ ROW_NAMES = {
     7: "plain foreachBatch write with txn (delta-spark)",
     8: "pipeline exactly-once on, Avro (delta-rs sink)",
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
+    10: "ceiling: pipeline read path to Spark's noop sink",
 }
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)

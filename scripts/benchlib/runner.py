@@ -14,7 +14,16 @@ from typing import Any
 from . import memory, startup
 from .cli import JARS_ENV, REPO
 from .procs import WorkerError, run_worker
-from .report import Results, print_table, say, write_chart, write_csv
+from .report import (
+    Results,
+    floor_text,
+    many_batch_costs,
+    many_batch_text,
+    print_table,
+    say,
+    write_chart,
+    write_csv,
+)
 from .report import last_line as format_last_line
 from .rows import REPEATED, ROW_NAMES, Row, busy_rate, steady, time_split, verify_table
 from .spark_run import BATCH
@@ -138,6 +147,23 @@ class Bench:
         latest = admin.latest({name: list(range(partitions))})[name]
         return name, latest
 
+    def topic_group(self, records: int, topics: int, partitions: int) -> list[str]:
+        """``topics`` topics of ``partitions`` partitions each, holding ``records`` events in
+        all (ids 0..records-1 round-robin over them), produced once per run."""
+        key = (records, partitions, f"x{topics}")
+        names = self.topics.get(key)
+        if names is None:
+            names = [f"bench-n{records}-t{topics}of{partitions}-{i}" for i in range(topics)]
+            started = time.perf_counter()
+            self.produce_mod.ensure_topics(self.bootstrap, names, partitions)
+            self.produce_mod.produce_events(self.bootstrap, names, records)
+            say(
+                f"    produced {records:,} events to {topics} topics of {partitions} partitions "
+                f"in {time.perf_counter() - started:.1f}s"
+            )
+            self.topics[key] = names  # type: ignore[assignment]
+        return list(names)
+
     def spec(self, topic: str, ends: dict[int, int], **extra: Any) -> dict[str, Any]:
         return {
             "src": self.src,
@@ -207,6 +233,8 @@ class Bench:
             row.wall_s = finished - begin
             if kind == "pipeline":
                 self._pipeline_figures(row, result, started, first_end, label)
+            elif kind == "ceiling":
+                self._ceiling_figures(row, result, started)
             if len(batches) > 1:
                 row.extra["rss_after_first_batch_mb"] = _round(sampler.rss_mb_at(batches[0][0]))
                 row.extra["rss_after_last_batch_mb"] = _round(sampler.rss_mb_at(batches[-1][0]))
@@ -217,11 +245,13 @@ class Bench:
             + (
                 f", driver {_fmt(row.extra.get('driver_peak_mb'), '{:,.0f}')} MB Python + "
                 f"{_fmt(row.extra.get('jvm_peak_mb'), '{:,.0f}')} MB JVM"
-                if kind == "pipeline"
+                if kind in ("pipeline", "ceiling")
                 else ""
             )
             + f", {row.check}"
         )
+        if kind == "ceiling" and "floor_batch_s" in row.extra:
+            say(f"    Spark's floor (scripts/spark_floor, run first here): {floor_text(row)}")
         return row
 
     def _pipeline_figures(
@@ -242,6 +272,22 @@ class Bench:
         row.extra["commit_back_ok"] = result.get("commit_back_ok")
         row.extra["commit_back_failed"] = result.get("commit_back_failed")
 
+    def _ceiling_figures(self, row: Row, result: dict[str, Any], started: float) -> None:
+        """Row 10's process ran Spark's floor first (:func:`.spark_run.work_ceiling`): its
+        figures, timed from this process's start as row 4's start-up is; the row's own start-up
+        came after the floor's queries and is no start-up at all."""
+        batches = result["batches"]
+        row.startup_s = None
+        row.busy_rps = busy_rate(batches)
+        row.extra.update(time_split(batches))
+        row.extra["driver_peak_mb"] = _round(result.get("driver_peak_mb"))
+        row.extra["jvm_peak_mb"] = _round(result.get("jvm_peak_mb"))
+        floor = result["floor"]
+        row.extra["floor_session_s"] = round(floor["session_ready_at"] - started, 2)
+        row.extra["floor_first_batch_s"] = round(floor["first_batch_at"] - started, 2)
+        row.extra["floor_batch_s"] = round(floor["batch_s"], 3)
+        row.extra["floor_batch_no_job_s"] = round(floor["batch_no_job_s"], 3)
+
     def check(self, row: Row, table: Path | None) -> None:
         if table is None:
             row.verified = row.rows_out == row.records
@@ -260,7 +306,7 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5, 8} | ({6, 7} if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8, 10} | ({6, 7} if self.delta_jars()[0] else set())
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -361,6 +407,17 @@ class Bench:
                     avro_topic, avro_ends, table=str(table), registry_url=self.registry_url
                 )
                 rows.append(self.measure(row(9), "simple_avro", spec, table))
+        if 10 in a.rows:  # the ceiling, and Spark's floor in the same process
+            label = "10-ceiling"
+            spec = self.spec(
+                topic,
+                ends,
+                name="bench-ceiling",
+                table=str(tables / label),
+                checkpoint=str(checkpoints / label),
+                floor_batches=a.floor_batches,
+            )
+            rows.append(self.measure(row(10), "ceiling", spec, None))
 
     def run_delta_spark(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
         """Row 6: the same pipeline, exactly-once on, with the delta-spark sink (engine
@@ -394,7 +451,8 @@ class Bench:
     def session_points(self) -> list[dict[str, Any]]:
         """Pipeline runs for one Spark session, in order: the driver-RSS points (smallest
         batches first, each --rss-batches batches of its size; peaks reset before each), the
-        many-batch memory run, then the sweep (batch sizes x partition counts)."""
+        many-batch memory run, the sweep (batch sizes x partition counts), then the scale runs
+        asked for (--wide-topics: a sweep point over many topics; --many-batches)."""
         a = self.args
         points = []
         if a.memory:
@@ -413,6 +471,25 @@ class Bench:
                     points.append(
                         self.point(label, topic, size, role="sweep", partitions=partitions)
                     )
+        if a.wide_topics:
+            each = a.wide_partitions // a.wide_topics
+            names = self.topic_group(a.sweep_records, a.wide_topics, each)
+            size = min(a.sweep_batch_sizes)
+            label = f"sweep-p{a.wide_partitions}-t{a.wide_topics}-b{size}"
+            points.append(
+                self.point(
+                    label,
+                    names[0],
+                    size,
+                    role="sweep",
+                    partitions=a.wide_partitions,
+                    topics=names,
+                )
+            )
+        if a.many_batches:
+            topic, _ = self.topic(a.many_batches * a.many_batch_size, a.partitions)
+            label = f"many-{a.many_batches}"
+            points.append(self.point(label, topic, a.many_batch_size, role="many"))
         return points
 
     def run_session(self) -> None:
@@ -430,6 +507,16 @@ class Bench:
                     if a.memory_batches
                     else ""
                 )
+            )
+        if a.wide_topics:
+            say(
+                f"==> wide: pipeline over {a.wide_topics} topics, {a.wide_partitions} partitions "
+                f"in all, {min(a.sweep_batch_sizes):,}-record batches, {a.sweep_records:,} records"
+            )
+        if a.many_batches:
+            say(
+                f"==> many batches: {a.many_batches:,} of {a.many_batch_size:,} records, the "
+                "per-batch cost at the start against the end"
             )
         if a.sweep:
             say(
@@ -455,17 +542,22 @@ class Bench:
                 self.results.memory.append(self._rss_row(point))
             elif point["role"] == "flat":
                 self.results.memory.append(self._flat_row(point))
+            elif point["role"] == "many":
+                self.results.scale.append(self._many_row(point))
             else:
                 self.results.sweep.append(self._sweep_row(point))
 
     def _sweep_row(self, point: dict[str, Any]) -> Row:
+        topics = len(point.get("topics") or [point["topic"]])
         r = Row(
             0,
-            f"sweep p={point['partitions']} batch={point['batch_size']}",
+            f"sweep p={point['partitions']} batch={point['batch_size']}"
+            + (f" over {topics} topics" if topics > 1 else ""),
             self.args.sweep_records,
             point["batch_size"],
             partitions=point["partitions"],
         )
+        r.extra["topics"] = topics
         self._point_row(r, point)
         cost = steady_batch_cost(point["batches"])
         if cost is not None:
@@ -475,7 +567,30 @@ class Bench:
             f"    sweep p={point['partitions']:<3} batch={point['batch_size']:>9,}  "
             f"{r.rps:>10,.0f} records/s  {r.batches:>3} batches  "
             f"{_fmt(cost and cost[1], '{:.3f}')} s/batch  {r.check}"
+            + (f" (over {topics} topics)" if topics > 1 else "")
         )
+        return r
+
+    def _many_row(self, point: dict[str, Any]) -> Row:
+        """The many-small-batches run: what a steady batch costs (commit to commit, and in the
+        batch function, and of that in the sink) over its first and its last steady batches."""
+        a = self.args
+        r = Row(
+            0,
+            f"{a.many_batches} batches of {a.many_batch_size}",
+            a.many_batches * a.many_batch_size,
+            a.many_batch_size,
+            partitions=a.partitions,
+        )
+        try:
+            from deltalake import DeltaTable
+
+            r.extra["table_versions"] = DeltaTable(point["table"]).version() + 1
+        except Exception:
+            r.extra["table_versions"] = None
+        self._point_row(r, point)
+        r.extra.update(many_batch_costs(point["batches"]))
+        say(f"    {many_batch_text(r)}  {r.check}")
         return r
 
     def _rss_row(self, point: dict[str, Any]) -> Row:

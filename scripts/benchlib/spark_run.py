@@ -1,5 +1,5 @@
-"""Workers that run the generated pipeline (rows 4-8, the sweep, the memory runs), each in its
-own process started by :mod:`.procs`: the generated project's engine (its ``src/`` on the
+"""Workers that run the generated pipeline (rows 4-8 and 10, the sweep, the memory runs), each
+in its own process started by :mod:`.procs`: the generated project's engine (its ``src/`` on the
 worker's PYTHONPATH) with the sample transform, kafka_delta_dev.orders (``TRANSFORM``). The
 engine itself is untouched: a subclass of its ``Pipeline`` records when each batch committed,
 how long its sink took and the driver's RSS.
@@ -19,7 +19,7 @@ from typing import Any
 
 from . import memory
 from .kafka_io import CLIENT
-from .plain import plain_append, plain_pipeline
+from .plain import noop_pipeline, plain_append, plain_pipeline
 
 log = logging.getLogger("bench")
 
@@ -133,7 +133,7 @@ def _run_pipeline(
         "transform": TRANSFORM,
         "kafka": {
             "bootstrap_servers": spec["bootstrap"],
-            "topics": [run["topic"]],
+            "topics": run.get("topics") or [run["topic"]],
             "consumer_group": f"bench-{run['name']}",
             "max_records_per_trigger": run["batch_size"],
             "client": dict(CLIENT),
@@ -152,7 +152,12 @@ def _run_pipeline(
     exactly_once = run.get("exactly_once", True)
     if not exactly_once:
         config = config.with_overrides(**{"commit_back.enabled": False})
-    base = Pipeline if exactly_once else plain_pipeline(Pipeline, txn=run.get("txn", False))
+    if run.get("noop"):  # row 10: the read path to Spark's noop sink
+        base = noop_pipeline(Pipeline)
+    elif exactly_once:
+        base = Pipeline
+    else:
+        base = plain_pipeline(Pipeline, txn=run.get("txn", False))
 
     class TimedPipeline(base):  # type: ignore[valid-type,misc]
         """Records each batch when its commit returned (see BATCH), and logs when the stream
@@ -184,7 +189,7 @@ def _run_pipeline(
     sink = getattr(pipeline, "sink", None)
     if sink is not None and hasattr(sink, "commit_batch"):
         sink.commit_batch = _timed(sink.commit_batch, in_sink)
-    if not exactly_once:
+    if not exactly_once and not run.get("noop"):
         pipeline.append = _timed(plain_append, in_sink)
     begin = time.time()
     summary = pipeline.run()
@@ -214,6 +219,28 @@ def work_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
         jvm_exit_s = _stop(spark)
     result["spark_session_s"] = session_ready - session_started
     result["jvm_exit_s"] = jvm_exit_s
+    return result
+
+
+def work_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
+    """Row 10 and Spark's floor in one process, so that the bench pays one Spark start for both:
+    first scripts/spark_floor's queries on a fresh session (its first batch timed from this
+    process's start, as scripts/spark_floor times it from its own), then the pipeline's read path
+    to Spark's noop sink, whose steady rate leaves its start (after the floor's) out."""
+    import spark_floor  # scripts/, on the path of bench.py
+
+    _logging()
+    spark = _spark(spec)
+    session_ready = time.time()
+    try:
+        floor = spark_floor.measure(spark, spec["floor_batches"])
+        log.info("spark floor measured: %s", floor)
+        probe = DriverProbe(spark)
+        result = _run_pipeline(spark, spec, {**spec, "noop": True, "exactly_once": False}, probe)
+        result["driver_peak_mb"], result["jvm_peak_mb"] = probe.peaks()
+    finally:
+        _stop(spark)
+    result["floor"] = {"session_ready_at": session_ready, **floor}
     return result
 
 

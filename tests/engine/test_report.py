@@ -14,7 +14,7 @@ import yaml
 from kafka_delta.cli import main
 from kafka_delta.commands import report
 from kafka_delta.config import load_config
-from kafka_delta.progress.batch import BatchProgress
+from kafka_delta.progress.batch import BatchProgress, run_rate
 from kafka_delta.progress.listeners import build_listeners, close_listeners
 from kafka_delta.progress.log_file import JsonLinesProgress, read_progress
 from support import PACKAGE, PROJECT, project_env
@@ -68,6 +68,23 @@ def test_progress_lines_read_back_as_the_records_written(tmp_path: Path) -> None
     line = json.loads(path.read_text().splitlines()[0])
     assert line["behind_latest"] == 300 and line["records_per_s"] == 2000.0
     assert read[1].target_done == pytest.approx(2000 / 3000)
+
+
+def test_a_runs_steady_rate_leaves_out_its_first_batch_and_its_start_up() -> None:
+    # scripts/demo prints it: batch 0 carried the JVM's start and warm-up; the steady rate is
+    # the later batches' records over the time from the first commit to the last.
+    batches = [
+        batch(0, finished_at=100.0, records_read=9000),
+        batch(1, finished_at=101.5, records_read=1000),
+        batch(2, finished_at=104.0, records_read=None, rows_written=3000),  # count unknown
+    ]
+    rate = run_rate(batches)
+    assert rate is not None
+    assert (rate.batches, rate.steady_records, rate.steady_s) == (3, 4000, 4.0)
+    assert rate.steady_records_per_s == pytest.approx(1000.0)
+    alone = run_rate(batches[:1])
+    assert alone is not None and alone.steady_records_per_s is None  # nothing steady
+    assert run_rate([]) is None
 
 
 def test_report_draws_a_png_of_every_run_or_the_last(tmp_path: Path, capsys) -> None:

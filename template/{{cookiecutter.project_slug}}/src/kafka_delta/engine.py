@@ -158,6 +158,10 @@ class Source(Protocol):
     # (Spark's kafka source: data loss, or a re-read from the earliest offset), the pipeline
     # starts a new checkpoint from the table instead.
     follows_subscription_changes: bool
+    # Whether the source's planning holds the topics' Kafka ids (``stream``'s ``topic_ids``)
+    # against each batch's metadata and stops on a topic recreated since (the embedded
+    # source); where not, the pipeline's batch function asks Kafka for the ids every batch.
+    checks_topic_ids: bool
 
     def stream(
         self,
@@ -165,12 +169,14 @@ class Source(Protocol):
         stored: StoredOffsets | None,
         resuming: bool = False,
         decode: DecodeSpec | None = None,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> DataFrame:
         """The streaming DataFrame of Spark's kafka columns (key, value, topic, partition,
         offset, timestamp, timestampType, headers), starting at ``stored`` when the checkpoint
         is new; ``resuming``: the checkpoint already holds a plan (Spark ignores starting
         offsets then). With ``decode``, the records decoded by it (:mod:`.decoding`): typed
-        value columns, the Kafka columns, ``_error`` and the original bytes of bad records."""
+        value columns, the Kafka columns, ``_error`` and the original bytes of bad records.
+        ``topic_ids``: Kafka's ids of the topics as the run found them at start."""
         ...
 
     def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:

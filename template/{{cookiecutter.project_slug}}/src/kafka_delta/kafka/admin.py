@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     IsolationLevel,
+    KafkaError,
     KafkaException,
     TopicCollection,
 )
@@ -26,6 +27,20 @@ class KafkaUnavailableError(RuntimeError):
 class Watermarks:
     earliest: Offsets
     latest: Offsets
+
+
+# The id a broker reports for a topic when it reports none (Kafka before 2.8, some brokers).
+NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """What one metadata request says of some topics: their partition ids, and Kafka's id of
+    each topic whose id the broker reports (a topic deleted and created again under the same
+    name gets a new one)."""
+
+    partitions: dict[str, list[int]]
+    ids: dict[str, str]
 
 
 class KafkaAdmin:
@@ -75,44 +90,95 @@ class KafkaAdmin:
             result[topic] = sorted(meta.partitions)
         return result
 
-    def _list_offsets(self, partitions: Mapping[str, list[int]], spec: OffsetSpec) -> Offsets:
-        request = {
-            KafkaTopicPartition(topic, p): spec
-            for topic, parts in partitions.items()
-            for p in parts
-        }
-        if not request:
-            return {}
-        result: Offsets = {topic: {} for topic in partitions}
+    def describe(self, topics: Iterable[str]) -> Topics:
+        """Partition ids and topic ids of ``topics`` in ONE metadata request (what
+        :meth:`partitions` and :meth:`topic_ids` ask in two). A missing topic is an error,
+        never auto-created; an id the broker does not report is left out of ``ids``."""
+        names = sorted(set(topics))
+        if not names:
+            return Topics({}, {})
+        partitions: dict[str, list[int]] = {}
+        ids: dict[str, str] = {}
         try:
-            futures = self._admin.list_offsets(
-                request, isolation_level=self._isolation, request_timeout=self._timeout
+            futures = self._admin.describe_topics(
+                TopicCollection(names), request_timeout=self._timeout
             )
-            for tp, future in futures.items():
-                result[tp.topic][tp.partition] = future.result().offset
+            for name, future in futures.items():
+                try:
+                    description = future.result()
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    if getattr(error, "code", lambda: None)() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
+                    description = None
+                if description is None or not description.partitions:
+                    raise ValueError(
+                        f"topic {name!r} does not exist on {self.bootstrap_servers} "
+                        "(create it first; the pipeline never auto-creates topics)"
+                    )
+                partitions[name] = sorted(p.id for p in description.partitions)
+                topic_id = description.topic_id
+                if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
+                    ids[name] = str(topic_id)
+        except KafkaException as exc:
+            raise KafkaUnavailableError(
+                f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
+                f"({_reason(exc)})"
+            ) from None
+        finally:
+            self._serve_logs()
+        return Topics(partitions, ids)
+
+    def _list_offsets(
+        self, partitions: Mapping[str, list[int]], *specs: OffsetSpec
+    ) -> list[Offsets]:
+        """The offsets of each spec, its requests sent together (one round trip's wait)."""
+        request = [
+            KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
+        ]
+        if not request:
+            return [{} for _ in specs]
+        results: list[Offsets] = []
+        try:
+            pending = [
+                self._admin.list_offsets(
+                    dict.fromkeys(request, spec),
+                    isolation_level=self._isolation,
+                    request_timeout=self._timeout,
+                )
+                for spec in specs
+            ]
+            for futures in pending:
+                result: Offsets = {topic: {} for topic in partitions}
+                for tp, future in futures.items():
+                    result[tp.topic][tp.partition] = future.result().offset
+                results.append(result)
         except KafkaException as exc:
             raise KafkaUnavailableError(
                 f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
             ) from None
         finally:
             self._serve_logs()
-        return result
+        return results
 
     def watermarks(self, partitions: Mapping[str, list[int]]) -> Watermarks:
         """Earliest available and latest (high watermark, or last stable offset under
-        read_committed) offsets of each partition."""
-        return Watermarks(
-            earliest=self._list_offsets(partitions, OffsetSpec.earliest()),
-            latest=self._list_offsets(partitions, OffsetSpec.latest()),
+        read_committed) offsets of each partition: two ListOffsets requests, sent together."""
+        earliest, latest = self._list_offsets(
+            partitions, OffsetSpec.earliest(), OffsetSpec.latest()
         )
+        return Watermarks(earliest=earliest, latest=latest)
+
+    def earliest(self, partitions: Mapping[str, list[int]]) -> Offsets:
+        return self._list_offsets(partitions, OffsetSpec.earliest())[0]
 
     def latest(self, partitions: Mapping[str, list[int]]) -> Offsets:
-        return self._list_offsets(partitions, OffsetSpec.latest())
+        return self._list_offsets(partitions, OffsetSpec.latest())[0]
 
     def for_timestamp(self, partitions: Mapping[str, list[int]], timestamp_ms: int) -> Offsets:
         """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
         -1 where no record is that recent."""
-        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
+        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))[0]
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
         """Kafka's topic id of each topic that exists (a topic deleted and created again under
@@ -128,7 +194,7 @@ class KafkaAdmin:
                     topic_id = future.result().topic_id
                 except KafkaException:
                     continue  # absent topics are reported by the partition listing
-                if topic_id is not None and str(topic_id) != "AAAAAAAAAAAAAAAAAAAAAA":
+                if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
                     ids[name] = str(topic_id)
         finally:
             self._serve_logs()

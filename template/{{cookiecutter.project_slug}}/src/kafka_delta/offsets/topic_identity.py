@@ -21,7 +21,7 @@ id: nothing is compared then.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from kafka_delta.offsets.model import StoredOffsets, same_topic_id
@@ -29,6 +29,16 @@ from kafka_delta.offsets.model import StoredOffsets, same_topic_id
 
 class TopicRecreatedError(RuntimeError):
     """A topic's Kafka id is not the one the table's stored offsets were read from."""
+
+
+def recreated_while_running(topics: Sequence[str]) -> TopicRecreatedError:
+    """The error of a run that saw ``topics`` deleted and created again while it read them
+    (the embedded source's planning, or the batch function of a source that reads no ids)."""
+    return TopicRecreatedError(
+        f"topic(s) {', '.join(topics)} were deleted and created again while this run read "
+        "them. Nothing of this batch was written; start the pipeline again (with "
+        "kafka.fail_on_data_loss: false it reads the new topic from its first record)."
+    )
 
 
 def recreated_topics(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
@@ -20,8 +21,11 @@ def embedded_source_options(
     stored: StoredOffsets | None,
     read_tasks: int,
     decode: DecodeSpec | None = None,
+    topic_ids: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Options of the ``kafka_embedded`` data source (:mod:`.kafka_datasource`) for ``kafka``."""
+    """Options of the ``kafka_embedded`` data source (:mod:`.kafka_datasource`) for ``kafka``;
+    ``topic_ids``: Kafka's ids of the topics as the pipeline found them at start, which the
+    source's planning holds every batch's metadata against."""
     extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
     options = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
@@ -38,6 +42,8 @@ def embedded_source_options(
         options["decodeSpec"] = decode.to_json()
     if stored is not None:
         options["storedOffsets"] = json.dumps(offsets_to_json(stored.offsets))
+    if topic_ids:
+        options["topicIds"] = json.dumps(dict(sorted(topic_ids.items())))
     return options
 
 
@@ -46,6 +52,9 @@ class EmbeddedSource:
 
     new_partitions_start_at_stored_offsets = True
     follows_subscription_changes = True
+    # Its planning reads the topics' ids with the partitions, in one metadata request per
+    # batch, and stops the query on a topic recreated since (kafka_datasource).
+    checks_topic_ids = True
 
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
@@ -63,11 +72,12 @@ class EmbeddedSource:
         stored: StoredOffsets | None,
         resuming: bool = False,
         decode: DecodeSpec | None = None,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> DataFrame:
         # ``resuming`` changes nothing here: the stored offsets also start partitions new to
         # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
         options = embedded_source_options(
-            self.kafka, stored, spark.sparkContext.defaultParallelism, decode
+            self.kafka, stored, spark.sparkContext.defaultParallelism, decode, topic_ids
         )
         return spark.readStream.format(SOURCE_NAME).options(**options).load()

@@ -17,9 +17,19 @@ table),
 ``maxRecordsPerTrigger``, ``readTasks`` (how many read tasks a micro-batch runs: offset
 ranges are split or grouped to this many; the driver passes Spark's default parallelism),
 ``failOnDataLoss`` (default true), ``pollTimeoutMs`` (default 120000),
-``kafkaConfig`` (JSON object of extra librdkafka settings), and ``decodeSpec`` (a
+``kafkaConfig`` (JSON object of extra librdkafka settings), ``decodeSpec`` (a
 :class:`..decoding.spec.DecodeSpec` as JSON: the read task decodes the records into typed
-columns, and the source's schema is the decoder's output instead of the Kafka columns).
+columns, and the source's schema is the decoder's output instead of the Kafka columns), and
+``topicIds`` (JSON ``{"topic": "<Kafka topic id>"}``: the ids the pipeline found when it
+started).
+
+Kafka round trips of planning one micro-batch (``latestOffset``): ONE metadata request, which
+answers both the subscription's partitions (partitions added are read) and the topics' ids,
+then the earliest and latest offsets, two ListOffsets requests sent together. A topic whose id
+is not the one in ``topicIds`` (or the one the planner saw first) was deleted and created again
+while the pipeline read it: planning stops the query with
+:class:`~kafka_delta.offsets.topic_identity.TopicRecreatedError` before the batch is planned
+(I12), so the pipeline's batch function asks Kafka for no topic ids of its own.
 """
 
 from __future__ import annotations
@@ -52,8 +62,10 @@ from kafka_delta.offsets.model import (
     first_offset,
     offsets_from_json,
     offsets_to_json,
+    same_topic_id,
     starting_offsets_from_option,
 )
+from kafka_delta.offsets.topic_identity import recreated_while_running
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import ignore_stop_signals_in_spark_helper, in_spark_planner
 
@@ -80,6 +92,7 @@ class SourceOptions:
     poll_timeout_ms: int
     kafka_config: dict[str, str]
     decode_spec: str | None = None
+    topic_ids: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -109,6 +122,9 @@ class SourceOptions:
             poll_timeout_ms=int(get("pollTimeoutMs", "120000") or "120000"),
             kafka_config={str(k): str(v) for k, v in json.loads(get("kafkaConfig", "{}")).items()},
             decode_spec=get("decodeSpec"),
+            topic_ids=tuple(
+                sorted((str(t), str(i)) for t, i in json.loads(get("topicIds", "{}")).items())
+            ),
         )
 
     def client_config(self) -> dict[str, str]:
@@ -231,6 +247,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
+        # Kafka's id of each subscribed topic: the pipeline's at start, else the first seen.
+        self._topic_ids: dict[str, str] = dict(self.options.topic_ids)
 
     @property
     def admin(self) -> KafkaAdmin:
@@ -239,6 +257,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin
 
     # -- planning ---------------------------------------------------------------------------
+
+    def _partitions(self) -> dict[str, list[int]]:
+        """The subscription's partitions; the same metadata request answers the topics' ids,
+        and a topic known by another id than before stops the query (see the module's
+        docstring). Brokers that report no topic ids are compared on nothing."""
+        found = self.admin.describe(self.options.topics)
+        changed = sorted(
+            t
+            for t, i in found.ids.items()
+            if t in self._topic_ids and not same_topic_id(self._topic_ids[t], i)
+        )
+        if changed:
+            raise recreated_while_running(changed)
+        self._topic_ids.update(found.ids)
+        return found.partitions
 
     def _first_offset(self, topic: str, partition: int, earliest: Offsets) -> int:
         """Where a partition new to the checkpoint starts (a topic added to the subscription,
@@ -252,7 +285,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
     def initialOffset(self) -> dict[str, Any]:
-        partitions = self.admin.partitions(self.options.topics)
+        partitions = self._partitions()
         marks = self.admin.watermarks(partitions)
         # The table's offsets; a partition it does not store starts at its earliest offset once
         # the pipeline stored any, else where startingOffsets puts it (the pipeline's first run).
@@ -278,13 +311,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        partitions = self.admin.partitions(self.options.topics)
+        partitions = self._partitions()
         self._target = self.admin.latest(partitions)
         log.info("availableNow target offsets: %s", offsets_to_json(self._target))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = offsets_from_json(start)
-        partitions = self.admin.partitions(self.options.topics)
+        partitions = self._partitions()
         marks = self.admin.watermarks(partitions)
         self._latest = marks.latest
         # Partitions new to the checkpoint start at their stored offset, else their earliest.
@@ -376,9 +409,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     begin.setdefault(t, {})[p] = self._first_offset(t, p, earliest)
         if not self.options.fail_on_data_loss:
             # Skip ahead over deleted records instead of failing in the read task.
-            earliest = self.admin.watermarks(
-                {t: sorted(parts) for t, parts in stop.items()}
-            ).earliest
+            earliest = self.admin.earliest({t: sorted(parts) for t, parts in stop.items()})
             begin = {
                 t: {p: max(o, earliest.get(t, {}).get(p, o)) for p, o in parts.items()}
                 for t, parts in begin.items()

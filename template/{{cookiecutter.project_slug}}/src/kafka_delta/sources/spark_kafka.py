@@ -87,6 +87,9 @@ class SparkKafkaSource:
 
     new_partitions_start_at_stored_offsets = False
     follows_subscription_changes = False
+    # Spark's source plans in the JVM and reads no topic ids: the pipeline's batch function
+    # asks Kafka for them every batch.
+    checks_topic_ids = False
 
     def __init__(self, kafka: KafkaConfig, admin: KafkaAdmin | None = None) -> None:
         self.kafka = kafka
@@ -117,6 +120,7 @@ class SparkKafkaSource:
         stored: StoredOffsets | None,
         resuming: bool = False,
         decode: DecodeSpec | None = None,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> DataFrame:
         try:
             parallelism = spark.sparkContext.defaultParallelism
