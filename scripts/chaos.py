@@ -11,6 +11,11 @@ table. Last line:
 
     chaos: kills=<K> checkpoint_resets=<C> produced=<N> table_rows=<N> distinct_ids=<N> \
 missing=0 duplicates=0
+
+With ``--fan-out`` the pipeline writes two tables from its one stream, routed by record (even
+ids to one, odd to the other, both reading every partition), and the named crash points include
+``between_tables``: a kill after the first table's commit of a batch and before the second's.
+Rows are counted across both tables; each table's stored offsets must equal the group's.
 """
 
 from __future__ import annotations
@@ -126,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         default="delta_rs",
         help=f"delta_spark needs {harness.JARS_ENV}=<folder of delta-spark jars>",
     )
+    parser.add_argument(
+        "--fan-out",
+        action="store_true",
+        help="two tables from one stream, routed by record (even and odd ids); kills between "
+        "the two tables' commits of a batch too",
+    )
     args = parser.parse_args(argv)
     if args.resets > args.kills:
         parser.error("--resets cannot exceed --kills (a reset happens before a killed cycle)")
@@ -159,6 +170,22 @@ def main(argv: list[str] | None = None) -> int:
         table = f"{store.create_bucket('chaos')}/orders"
         storage_options = store.storage_options()
         conf["delta"].update(table=table, storage_options=storage_options)
+    tables: list[str] = [str(table)]
+    if args.fan_out:
+        # One stream, two tables: every record reaches exactly one of them by its id.
+        where = str(table).rstrip("/")
+        routes = {"even": "id % 2 = 0", "odd": "id % 2 = 1"}
+        conf["tables"] = {
+            name: {
+                "path": f"{where}_{name}",
+                "route": route,
+                "storage_options": storage_options or {},
+            }
+            for name, route in routes.items()
+        }
+        del conf["delta"]
+        tables = [f"{where}_{name}" for name in routes]
+        table = tables[0]
     config = generated.write_config("chaos", conf)
     topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
     pipeline_id = conf["pipeline_id"]
@@ -197,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             if cycle % 2:
                 # Named points in turn, so even a short run hits the one that matters most.
                 points = CRASH_POINTS + SINK_CRASH_POINTS.get(args.sink, [])
+                if args.fan_out:
+                    points = ["between_tables", *points]
                 point = points[(cycle // 2) % len(points)]
                 cycle_env["KAFKA_DELTA_CRASH_AT"] = point
                 how, delay = f"crash point {point}", 60.0
@@ -248,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         verdict = harness.check(
-            str(table),
+            tables,
             None,
             producer.produced,
             0,

@@ -4,6 +4,10 @@ group's lag, and draw records/s and lag per batch as a PNG (the project's `repor
 The last line is machine-checkable:
 
     demo: produced=<N> table_rows=<N> distinct_ids=<N> group_lag=<L>
+
+With ``--fan-out``, one stream into two tables: the project reads the topics ``orders`` and
+``payments`` and routes each to its own table (``tables:`` in ``conf/fan-out.yaml``); the rows
+are counted across both tables and the last line ends `` tables=2``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,54 @@ def say(message: str) -> None:
     print(f"\n==> {message}", flush=True)
 
 
+def run_figures(progress_path: str | None, started_at: float) -> str:
+    """The run's start-up and steady records/s apart, as scripts/bench reports them, from the
+    progress lines the pipeline wrote (one per committed batch): start-up from the process
+    start to the first committed batch, steady records/s from the first committed batch to the
+    last. JVM start and warm-up are in the first, not in the second."""
+    from kafka_delta.progress.batch import run_rate
+    from kafka_delta.progress.log_file import ProgressFileError, read_progress
+
+    if not progress_path:
+        return "run figures: none (the project's config sets no progress.path)"
+    try:
+        batches = read_progress(Path(progress_path))
+    except ProgressFileError as exc:
+        return f"run figures: none ({exc})"
+    this_run = [b for b in batches if b.run_id == batches[-1].run_id] if batches else []
+    rate = run_rate(this_run)
+    if rate is None:
+        return "run figures: none (no batch was committed)"
+    startup = (
+        f"start-up {rate.first_committed_at - started_at:.1f}s: process start to the first "
+        "committed batch (JVM start and warm-up)"
+    )
+    steady = rate.steady_records_per_s
+    if steady is None:
+        return f"{startup}\n    steady records/s: none (one batch)"
+    return (
+        f"{startup}\n    steady {steady:,.0f} records/s: {rate.steady_records:,} records in the "
+        f"{rate.batches - 1} batches after the first, {rate.steady_s:.1f}s from the first "
+        "committed batch to the last"
+    )
+
+
+def fan_out_config(project: Path) -> Path:
+    """``conf/fan-out.yaml``: the project's local config with ``tables:`` in place of
+    ``delta:``: topic ``orders`` into one table, ``payments`` into another."""
+    import yaml
+
+    data = yaml.safe_load((project / "conf" / "local.yaml").read_text())
+    data.pop("delta", None)
+    data["tables"] = {
+        topic: {"path": f"data/tables/{topic}", "topics": [topic]}
+        for topic in ("orders", "payments")
+    }
+    path = project / "conf" / "fan-out.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=50_000, help="events to produce")
@@ -52,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         "field) halfway, which the table follows",
     )
     parser.add_argument("--workdir", type=Path, default=REPO / ".demo")
+    parser.add_argument(
+        "--fan-out",
+        action="store_true",
+        help="one stream into two tables: topics orders and payments, each routed to its own "
+        "table (tables: in conf/fan-out.yaml)",
+    )
     args = parser.parse_args(argv)
 
     say(f"generating a project from conf/{args.preset}.yaml into {args.workdir}")
@@ -62,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             no_input=True,
             config_file=str(REPO / "conf" / f"{args.preset}.yaml"),
             output_dir=str(args.workdir),
-            extra_context={"value_format": args.format},
+            extra_context={
+                "value_format": args.format,
+                **({"topics": "orders,payments"} if args.fan_out else {}),
+            },
         )
     )
     # The project's own package, beside the engine in its src/: cookiecutter names it after the
@@ -70,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     package = project.name.replace("-", "_")
     print(f"    {project} (package {package})")
 
-    config = config_mod.load_config(project / "conf" / "local.yaml")
+    env_name = "fan-out" if args.fan_out else "local"
+    if args.fan_out:
+        fan_out_config(project)
+    config = config_mod.load_config(project / "conf" / f"{env_name}.yaml")
     topics = list(config.kafka.topics)
 
     say("starting the embedded Kafka-compatible broker (Tansu) on 127.0.0.1")
@@ -111,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
         env.pop("PYTHONPATH", None)
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         run = subprocess.run(
             [
                 str(project / "scripts" / "run_local.sh"),
                 "--env",
-                "local",
+                env_name,
                 "--bootstrap-servers",
                 bootstrap,
                 "--trigger",
@@ -134,13 +198,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: the pipeline failed with exit code {run.returncode}", file=sys.stderr)
             return run.returncode
         print(f"    pipeline wall time {wall:.1f}s (JVM start included)")
+        pace = run_figures(config.progress.path, started_at)
 
+        import pyarrow as pa
         from deltalake import DeltaTable
 
-        table = DeltaTable(config.delta.table)
-        data = table.to_pyarrow_table()
+        views = config.table_configs()  # each table of tables: (--fan-out), else the one
+        parts = []
+        for view in views:
+            table = DeltaTable(view.delta.table)
+            part = table.to_pyarrow_table()
+            named = "" if view.table_name is None else f"{view.table_name} "
+            version = table.version()
+            say(f"Delta table {named}{view.delta.table}: {part.num_rows} rows, version {version}")
+            parts.append(part)
+        data = pa.concat_tables(parts, promote_options="default")
         ids = data.column("id").to_pylist()
-        say(f"Delta table {config.delta.table}: {data.num_rows} rows, version {table.version()}")
         shown = ["id", "event_type", "amount", "event_time", "topic", "partition", "offset"]
         if "channel" in data.column_names:  # the field schema v2 added, null before it
             shown.insert(4, "channel")
@@ -148,26 +221,34 @@ def main(argv: list[str] | None = None) -> int:
         rows = [*range(3), *range(max(3, data.num_rows - 2), data.num_rows)]
         print(by_id.take(rows).select(shown).to_pandas().to_string(index=False))
 
-        stored = store_mod.DeltaRsOffsetStore(config.delta.table, config.pipeline_id).read()
+        held: dict[str, dict[int, int]] = {}
+        for view in views:  # each table stores the offsets of the topics it reads
+            found = store_mod.DeltaRsOffsetStore(view.delta.table, view.pipeline_id).read()
+            for topic in view.kafka.topics:
+                held[topic] = dict(found.offsets.get(topic, {}))
+        stored = found
         admin = admin_mod.KafkaAdmin({"bootstrap.servers": bootstrap})
         partitions = admin.partitions(topics)
         latest = admin.latest(partitions)
         committed = admin.committed(config.kafka.consumer_group, partitions)
         say(
-            f"offsets stored in the table (Delta version {stored.delta_version}) vs consumer "
-            f"group {config.kafka.consumer_group!r}"
+            (
+                f"offsets stored in the table (Delta version {stored.delta_version})"
+                if len(views) == 1
+                else f"offsets stored in the {len(views)} tables (each its topics)"
+            )
+            + f" vs consumer group {config.kafka.consumer_group!r}"
         )
         header = ("topic", "part", "stored", "committed", "latest", "lag")
         print("    {:<12}{:>5}{:>10}{:>11}{:>10}{:>6}".format(*header))
         for topic, parts in sorted(latest.items()):
             for p, hi in sorted(parts.items()):
-                s = stored.offsets.get(topic, {}).get(p, "-")
+                s = held.get(topic, {}).get(p, "-")
                 c = committed.get(topic, {}).get(p, "-")
                 lag = hi - c if isinstance(c, int) else hi
                 print(f"    {topic:<12}{p:>5}{s:>10}{c:>11}{hi:>10}{lag:>6}")
         group_lag = admin_mod.total_lag(latest, committed)
-        rps = data.num_rows / wall if wall else 0.0
-        print(f"\n    end to end: {data.num_rows} rows in {wall:.1f}s = {rps:,.0f} records/s")
+        print(f"\n    {pace}")
 
         say(f"drawing the run's progress: python -m {package} report")
         report = subprocess.run(
@@ -197,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"demo: produced={produced} table_rows={data.num_rows} "
         f"distinct_ids={len(set(ids))} group_lag={group_lag}"
+        + (f" tables={len(views)}" if args.fan_out else "")
     )
     ok = produced == data.num_rows == len(set(ids)) and group_lag == 0
     return 0 if ok else 1

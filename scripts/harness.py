@@ -195,7 +195,7 @@ class Check:
 
 
 def check(
-    table: str,
+    table: str | list[str],
     dead_table: str | None,
     produced: int,
     dead_expected: int,
@@ -206,15 +206,23 @@ def check(
     storage_options: dict[str, str] | None = None,
 ) -> Check:
     """Rows == distinct ids == produced (ids 0..produced-1), the dead-letter table holds
-    exactly ``dead_expected`` distinct positions, and stored == group committed == latest."""
-    rows = DeltaTable(table, storage_options=storage_options).to_pyarrow_table(columns=["id"])
-    ids = Counter(rows.column("id").to_pylist())
+    exactly ``dead_expected`` distinct positions, and stored == group committed == latest.
+    ``table`` a list: the tables of one pipeline (``tables:``, each reading every topic), the
+    rows counted across them, and each table's stored offsets == committed == latest."""
+    tables = [table] if isinstance(table, str) else table
+    ids: Counter[object] = Counter()
+    for each in tables:
+        rows = DeltaTable(each, storage_options=storage_options).to_pyarrow_table(columns=["id"])
+        ids.update(rows.column("id").to_pylist())
     dead_positions: list[tuple[object, ...]] = []
     if dead_table and Path(dead_table, "_delta_log").is_dir():
         dead = DeltaTable(dead_table).to_pyarrow_table(columns=["topic", "partition", "offset"])
         dead_positions = list(zip(*(dead[c].to_pylist() for c in dead.column_names), strict=True))
     view = kafka_view(bootstrap, group, topics)
-    stored = stored_offsets_independently(table, pipeline_id, view["partitions"], storage_options)
+    stored = [
+        stored_offsets_independently(each, pipeline_id, view["partitions"], storage_options)
+        for each in tables
+    ]
     return Check(
         produced=produced,
         rows=sum(ids.values()),
@@ -225,5 +233,5 @@ def check(
         dead_rows=len(dead_positions),
         dead_distinct=len(set(dead_positions)),
         dead_expected=dead_expected,
-        offsets_ok=stored == view["committed"] == view["latest"],
+        offsets_ok=all(s == view["committed"] == view["latest"] for s in stored),
     )

@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -435,6 +436,59 @@ class DeadLetterConfig(_Model):
     table: str | None = None
 
 
+# A table's name in `tables:`: it names the table in commands (`--table`), progress lines,
+# metrics and the table's txnAppId (kafka_delta.offsets.model.app_id).
+_TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class TableConfig(DeltaConfig):
+    """One table of a pipeline that writes several (``tables:`` in ``conf/*.yaml``): a Delta
+    table's settings as under ``delta:`` (``path``, ``mode``, ``merge_keys``, ``order_by``,
+    ``schema_evolution``, ``tombstones``, ``storage_options``), and which records reach it:
+
+    - ``topics``: the topics it reads (topic routing); empty: every topic of ``kafka.topics``;
+    - ``route``: a Spark SQL boolean expression on the transform's output (record routing,
+      e.g. ``event_type = 'paid'``); a row it does not hold true for does not reach the table.
+      A dead letter (``_error`` set) passes every route: it goes to the dead-letter table of
+      each table that reads its topic (tables sharing ``dead_letters.table`` hold it once);
+    - ``dead_letters``: its dead-letter policy, as the pipeline's ``dead_letters:``, which it
+      takes when it sets none (default: on, in ``<path>_dead_letters``).
+
+    A transform may return a mapping of table name to DataFrame (bronze and silver from one
+    read); each table then takes its own output. Each table's commits carry the pipeline's tag,
+    their own txnAppId (``<pipeline_id>.<table>.<checkpoint query id>``) and the offsets of
+    what it received: every rule of one table (fencing, replay, RESTORE, reset, topic ids)
+    applies to each table on its own, through :meth:`PipelineConfig.for_table`."""
+
+    topics: tuple[str, ...] = ()
+    route: str | None = Field(default=None, min_length=1)
+    # None: the pipeline's `dead_letters:`.
+    dead_letters: DeadLetterConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_is_the_table(cls, value: object) -> object:
+        # `path:` in the file; `table` is DeltaConfig's name for it.
+        if isinstance(value, dict) and "path" in value:
+            value = dict(value)
+            if "table" in value:
+                raise ValueError("give the table's location once, as path")
+            value["table"] = value.pop("path")
+        return value
+
+    @property
+    def path(self) -> str:
+        return self.table
+
+    def delta_config(self, shared_storage_options: Mapping[str, str]) -> DeltaConfig:
+        """The table's settings as a ``delta:`` block (storage options: its own, else the
+        shared ``delta.storage_options``)."""
+        fields = {name: getattr(self, name) for name in DeltaConfig.model_fields}
+        if not self.storage_options:
+            fields["storage_options"] = dict(shared_storage_options)
+        return DeltaConfig(**fields)
+
+
 class TriggerConfig(_Model):
     mode: Literal["available_now", "processing_time"] = "available_now"
     interval_seconds: float = Field(default=10.0, gt=0)
@@ -503,7 +557,13 @@ class PipelineConfig(_Model):
     transform: str | None = None
     engine: EngineConfig = EngineConfig()
     kafka: KafkaConfig
+    # The table, when the pipeline writes one. With `tables:` (several tables, see TableConfig)
+    # it may be left out, or hold only storage_options shared by the tables; it then names the
+    # first table.
     delta: DeltaConfig
+    # Several tables from one stream: {name: TableConfig}, in the order they commit each batch.
+    # Empty (the default): the one table of `delta:`, exactly as before.
+    tables: dict[str, TableConfig] = Field(default_factory=dict)
     checkpoint: str = Field(min_length=1)
     decoding: DecodingConfig = DecodingConfig()
     dead_letters: DeadLetterConfig = DeadLetterConfig()
@@ -512,6 +572,136 @@ class PipelineConfig(_Model):
     metrics: MetricsConfig = MetricsConfig()
     progress: ProgressConfig = ProgressConfig()
     spark: SparkConfig = SparkConfig()
+
+    # Set on a view of one table (for_table): the table's name; None on the config as loaded.
+    _table: str | None = PrivateAttr(default=None)
+    _route: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _delta_of_the_tables(cls, value: object) -> object:
+        """With ``tables:``, ``delta:`` holds at most the storage options the tables share;
+        it is filled in with the first table's location (what names "the table" where one is
+        needed: the start-up line, the run's first lease)."""
+        if not isinstance(value, dict) or not value.get("tables"):
+            return value
+        tables = value["tables"]
+        if not isinstance(tables, dict):
+            return value
+        delta = value.get("delta") or {}
+        if not isinstance(delta, dict):
+            return value
+        first = next(iter(tables.values()))
+        path = first.get("path", first.get("table")) if isinstance(first, dict) else None
+        if set(delta) - {"storage_options"} and delta.get("table") != path:
+            raise ValueError(
+                "with tables:, delta: holds only storage_options (shared by the tables); each "
+                "table's path and mode are given under tables:"
+            )
+        if path is None:
+            return value  # the table's own validation names what is missing
+        return {**value, "delta": {"storage_options": {}, **delta, "table": path}}
+
+    @field_validator("tables")
+    @classmethod
+    def _valid_table_names(cls, tables: dict[str, TableConfig]) -> dict[str, TableConfig]:
+        for name in tables:
+            if not _TABLE_NAME_RE.match(name):
+                raise ValueError(
+                    f"{name!r} is not a table name: a letter or digit, then letters, digits, "
+                    "'_' or '-' (at most 64 characters)"
+                )
+        return tables
+
+    @model_validator(mode="after")
+    def _tables_route_every_topic(self) -> PipelineConfig:
+        if not self.tables:
+            return self
+        topics = set(self.kafka.topics)
+        read: set[str] = set()
+        for name, table in self.tables.items():
+            unknown = sorted(set(table.topics) - topics)
+            if unknown:
+                raise ValueError(
+                    f"tables.{name}.topics names {unknown}, which kafka.topics does not list"
+                )
+            read |= set(table.topics or topics)
+        unread = sorted(topics - read)
+        if unread:
+            raise ValueError(
+                f"kafka.topics lists {unread}, which no table reads: add it to a table's "
+                "topics, or remove it"
+            )
+        # Every table has a location of its own; tables may share a dead-letter table.
+        views = [self.for_table(name) for name in self.tables]
+        owners: dict[str, str] = {}
+        for view in views:
+            path = view.delta.table.rstrip("/")
+            if path in owners:
+                raise ValueError(
+                    f"tables.{view.table_name}: path {view.delta.table} is also the path of "
+                    f"table {owners[path]}: every table needs a location of its own"
+                )
+            owners[path] = str(view.table_name)
+        for view in views:
+            dead = view.dead_letter_table
+            if dead is not None and dead.rstrip("/") in owners:
+                raise ValueError(
+                    f"tables.{view.table_name}: its dead-letter table {dead} is the path of "
+                    f"table {owners[dead.rstrip('/')]}"
+                )
+        return self
+
+    @property
+    def table_name(self) -> str | None:
+        """The table this config is a view of (:meth:`for_table`); None: the config as
+        loaded (its one table, or all of ``tables:``)."""
+        return self._table
+
+    @property
+    def table_route(self) -> str | None:
+        """The ``route`` expression of the table this config is a view of (record routing)."""
+        return self._route
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """The names of ``tables:``, in commit order; () for a config of one table."""
+        return tuple(self.tables)
+
+    def for_table(self, name: str) -> PipelineConfig:
+        """This config as the pipeline sees it for table ``name`` of ``tables:``: ``delta``
+        its settings, ``kafka.topics`` the topics it reads, ``dead_letters`` its policy. What
+        works on a config of one table (the sinks, stored offsets, fencing, recovery, the
+        commands) works on the view unchanged: one rule for every table."""
+        if name not in self.tables:
+            known = ", ".join(self.tables) or "none: this pipeline writes one table"
+            raise ConfigError(f"no table {name!r} in tables: (tables: {known})")
+        table = self.tables[name]
+        topics = table.topics or self.kafka.topics
+        starting = self.kafka.starting_offsets
+        if not isinstance(starting, str):
+            starting = {t: dict(parts) for t, parts in starting.items() if t in topics}
+        view = self.model_copy(
+            update={
+                "delta": table.delta_config(self.delta.storage_options),
+                "kafka": self.kafka.model_copy(
+                    update={"topics": tuple(topics), "starting_offsets": starting}
+                ),
+                # Its own policy, else the pipeline's `dead_letters:` (a shared table, or off).
+                "dead_letters": table.dead_letters or self.dead_letters,
+                "tables": {},
+            }
+        )
+        view._table = name
+        view._route = table.route
+        return view
+
+    def table_configs(self) -> list[PipelineConfig]:
+        """One config per table the pipeline writes: a view per table of ``tables:``
+        (:meth:`for_table`), else this config itself."""
+        if not self.tables:
+            return [self]
+        return [self.for_table(name) for name in self.tables]
 
     @field_validator("pipeline_id")
     @classmethod
@@ -538,14 +728,15 @@ class PipelineConfig(_Model):
         """delta-spark on S3 outside Databricks commits through S3SingleDriverLogStore unless
         told otherwise: two drivers (two runs by mistake, a retried job beside a live one) can
         then both write one version, and the fence (I6) no longer holds."""
-        if self.engine.sink != "delta_spark" or not _is_s3(self.delta.table):
+        on_s3 = [d.table for d in (self.delta, *self.tables.values()) if _is_s3(d.table)]
+        if self.engine.sink != "delta_spark" or not on_s3:
             return self
         if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
             return self  # Databricks commits to S3 through its own commit service
         if any(key in self.spark.conf for key in MULTI_DRIVER_S3_LOG_STORE_CONFS):
             return self
         raise ValueError(
-            f"delta-spark would commit to {self.delta.table} through S3SingleDriverLogStore, "
+            f"delta-spark would commit to {on_s3[0]} through S3SingleDriverLogStore, "
             "which lets two Spark drivers write the same version; set spark.conf "
             "spark.delta.logStore.s3a.impl: io.delta.storage.S3DynamoDBLogStore (with the "
             "delta-storage-s3-dynamodb jar), run on Databricks, or use the delta_rs sink"
@@ -554,7 +745,8 @@ class PipelineConfig(_Model):
     @model_validator(mode="after")
     def _tombstones_need_the_key(self) -> PipelineConfig:
         key = self.decoding.key
-        if self.delta.tombstones == "delete" and (key is None or key.format == "raw"):
+        deletes = any(d.tombstones == "delete" for d in (self.delta, *self.tables.values()))
+        if deletes and (key is None or key.format == "raw"):
             raise ValueError(
                 "delta.tombstones: delete needs decoding.key decoded (format json, avro or "
                 "protobuf): a tombstone's key is all that says which row to delete"
@@ -676,6 +868,15 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> P
             "progress.path": cfg.progress.path and _resolve(cfg.progress.path, root),
             # None (the default, <table>_dead_letters) is left as it is by with_overrides.
             "dead_letters.table": cfg.dead_letters.table and _resolve(cfg.dead_letters.table, root),
+            **{
+                f"tables.{name}.table": _resolve(table.table, root)
+                for name, table in cfg.tables.items()
+            },
+            **{
+                f"tables.{name}.dead_letters.table": _resolve(table.dead_letters.table, root)
+                for name, table in cfg.tables.items()
+                if table.dead_letters is not None and table.dead_letters.table
+            },
             "decoding.value.schema_file": cfg.decoding.value.schema_file
             and _resolve(cfg.decoding.value.schema_file, root),
             "decoding.key.schema_file": cfg.decoding.key

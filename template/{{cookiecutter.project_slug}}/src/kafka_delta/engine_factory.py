@@ -37,9 +37,13 @@ def build_source(config: PipelineConfig) -> Source:
     return source_class(config)
 
 
-def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
+def build_engine(
+    spark: SparkSession, config: PipelineConfig, source: Source | None = None
+) -> Engine:
     """The source, sink, offset store and dead-letter sink ``config.engine`` names; fails
-    before any work when the session lacks the connector jars they need."""
+    before any work when the session lacks the connector jars they need. ``source``: one
+    already built (the tables of one pipeline share the stream it reads); ``config`` may be a
+    view of one table (:meth:`.config.PipelineConfig.for_table`)."""
     missing = missing_connectors(
         spark, required_connectors(config.engine.source, config.engine.sink)
     )
@@ -62,7 +66,7 @@ def build_engine(spark: SparkSession, config: PipelineConfig) -> Engine:
         add_columns=config.delta.schema_evolution == "add_columns",
     )
     dead_table = config.dead_letter_table
-    source = build_source(config)
+    source = source if source is not None else build_source(config)
 
     options = config.delta.storage_options
     if config.engine.sink == "delta_rs":

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -27,7 +28,7 @@ from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import registry_down, schema_changed
 from kafka_delta.engine import Engine, Sink, SinkResult
-from kafka_delta.engine_factory import build_engine
+from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
 from kafka_delta.offsets.model import (
@@ -40,14 +41,25 @@ from kafka_delta.offsets.model import (
     total_records,
 )
 from kafka_delta.offsets.topic_identity import (
-    TopicRecreatedError,
     forget_recreated,
     recreated_topics,
+    recreated_while_running,
 )
 from kafka_delta.progress.batch import BatchProgress, ProgressListener
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
-from kafka_delta.recovery.verdict import judge, set_aside
+from kafka_delta.recovery.verdict import combined, judge, set_aside
+from kafka_delta.routing import (
+    TableRun,
+    floors,
+    group_offsets,
+    restrict,
+    share,
+    stream_start,
+    table_input,
+    table_output,
+    without_held,
+)
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
@@ -116,6 +128,21 @@ class RunSummary:
     batch_seconds: list[float] = field(default_factory=list)
 
 
+def _per_table(p: BatchProgress) -> str:
+    """Each table's share of the batch line, for a pipeline of several tables:
+    `` tables=2 orders:rows=10,dead=0,v=3 payments:replayed``."""
+    if not p.tables:
+        return ""
+    each = [
+        f"{name}:replayed"
+        if t.get("replayed")
+        else f"{name}:rows={t.get('rows_written')},dead={t.get('dead_letters')},"
+        f"v={t.get('delta_version')}"
+        for name, t in p.tables.items()
+    ]
+    return f" tables={len(p.tables)} " + " ".join(each)
+
+
 class Pipeline:
     """A configured streaming query. ``run()`` blocks until caught up (availableNow) or until
     :meth:`request_stop` (processing time); either way the commit-back hook is flushed."""
@@ -137,12 +164,19 @@ class Pipeline:
         if transform is None:
             transform = load_transform(config.transform) if config.transform else passthrough
         self.transform = transform
-        self.engine: Engine = build_engine(spark, config)
-        self.dead_letters = DeadLetterQueue(
-            self.engine.dead_letter_sink,
-            self.engine.dead_letter_offsets,
-            config.delta.storage_options,
-        )
+        # The tables this pipeline writes, in commit order (kafka_delta.routing): one, as the
+        # config's `delta:` names it, or one per entry of `tables:`, sharing one source.
+        source = build_source(config) if config.tables else None
+        self.tables: list[TableRun] = []
+        for view in config.table_configs():
+            engine = build_engine(spark, view, source=source)
+            queue = DeadLetterQueue(
+                engine.dead_letter_sink, engine.dead_letter_offsets, view.delta.storage_options
+            )
+            self.tables.append(TableRun(view, engine, queue))
+        # The first table's parts (the only table's, for a pipeline of one table).
+        self.engine: Engine = self.tables[0].engine
+        self.dead_letters = self.tables[0].dead_letters
         self.checkpoint = CheckpointLog(spark, config.checkpoint)
         self.admin = KafkaAdmin(config.kafka.client_config())
         self.committer: OffsetCommitter | None = committer
@@ -187,15 +221,23 @@ class Pipeline:
         """Stored offsets to start from when the checkpoint is new; judges the checkpoint
         against the table first (:mod:`.recovery`): one the table moved past is set aside and
         the run resumes from the table, one ahead of it without explanation stops."""
-        stored = self.engine.offset_store.read(self._partitions)
-        if stored is None and self.checkpoint.has_progress():
-            raise CheckpointMismatchError(
-                f"checkpoint {self.config.checkpoint} has committed batches, but table "
-                f"{self.config.delta.table} holds no offsets of pipeline "
-                f"{self.config.pipeline_id!r}: the table was deleted or replaced. Restore the "
-                "table, or delete the checkpoint to re-read from "
-                f"{self.config.kafka.starting_offsets} offsets."
-            )
+        found: list[StoredOffsets | None] = []
+        for run in self.tables:
+            held = run.engine.offset_store.read(lambda run=run: self.admin.partitions(run.topics))
+            if len(self.tables) > 1:  # of several tables, each stands for its own topics
+                held = restrict(held, run.topics)
+            if held is None and self.checkpoint.has_progress():
+                raise CheckpointMismatchError(
+                    f"checkpoint {self.config.checkpoint} has committed batches, but table "
+                    f"{run.config.delta.table} holds no offsets of pipeline "
+                    f"{self.config.pipeline_id!r}: the table was deleted or replaced. Restore "
+                    "the table, or delete the checkpoint to re-read from "
+                    f"{self.config.kafka.starting_offsets} offsets."
+                )
+            found.append(held)
+            run.initial = held.offsets if held is not None else {}
+        # Where a new checkpoint starts: the table furthest behind, per partition.
+        stored = stream_start(self.tables, found)
         self._topic_ids = self.admin.topic_ids(self.config.kafka.topics)
         recreated = recreated_topics(stored, self._topic_ids)
         if stored is not None and recreated:
@@ -208,6 +250,8 @@ class Pipeline:
             forgotten = forget_recreated(stored, recreated, False, earliest)
             self._recreated = set(recreated)
             self._recreated_from = {t: dict(stored.offsets[t]) for t in recreated}
+            for run in self.tables:  # each table starts the new topic over too
+                run.initial = {t: p for t, p in run.initial.items() if t not in recreated}
             log.warning(
                 "topic(s) %s were deleted and created again: read from their earliest offset "
                 "(kafka.fail_on_data_loss is off)",
@@ -217,11 +261,19 @@ class Pipeline:
                 reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
                 self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
             return forgotten
-        verdict = judge(
-            self.checkpoint,
-            stored,
-            self.config.pipeline_id,
-            self.engine.offset_store.commit_version,
+        # Each table judges the checkpoint by the one rule; one that must stop stops the run,
+        # one that sets it aside sets it aside (the new checkpoint starts from the tables).
+        verdict = combined(
+            {
+                run.name: judge(
+                    self.checkpoint,
+                    held,
+                    self.config.pipeline_id,
+                    run.engine.offset_store.commit_version,
+                    run.name if len(self.tables) > 1 else None,
+                )
+                for run, held in zip(self.tables, found, strict=True)
+            }
         )
         if verdict.action == "stop":
             raise CheckpointMismatchError(verdict.reason)
@@ -345,6 +397,17 @@ class Pipeline:
         stored = self.resume_point()
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
+        for run in self.tables:
+            run.known = {t: dict(parts) for t, parts in run.initial.items()}
+            # Of several tables, one further on than the stream starts holds what lies below.
+            run.floor = floors(run.initial, self._initial) if len(self.tables) > 1 else {}
+            if run.floor:
+                log.info(
+                    "table %s stores more than the table furthest behind (%s): its records "
+                    "below are not written again",
+                    run.label,
+                    run.floor,
+                )
         self._log_resume_point(stored)
         if self.committer is None and self.config.commit_back.enabled:
             self.committer = OffsetCommitter(
@@ -371,7 +434,11 @@ class Pipeline:
             self.engine.source.worker_modules(decode) + self.engine.sink.worker_modules(),
         )
         stream = self.engine.source.stream(
-            self.spark, stored, resuming=self.checkpoint.has_plan(), decode=decode
+            self.spark,
+            stored,
+            resuming=self.checkpoint.has_plan(),
+            decode=decode,
+            topic_ids=self._topic_ids,
         )
         writer = (
             stream.writeStream.queryName(self.query_name)
@@ -429,16 +496,17 @@ class Pipeline:
             merged.setdefault(t, {}).update(parts)
         return merged
 
-    def _first_positions(self, start: Offsets) -> Offsets:
+    def _first_positions(self, start: Offsets, known: Offsets | None = None) -> Offsets:
         """How far the batch may begin each partition of ``start`` that the table stored no
         offset for as this run knows it (a first batch, a topic or partition new to the
         pipeline): where the pipeline's rule of first reads puts it now
         (:func:`.offsets.first_offset`). The fencing rule refuses a start past it: records Kafka
         still holds would be skipped. Asks Kafka only for such partitions (batch 0 of a first
-        run, a partition added), never in a steady batch."""
+        run, a partition added), never in a steady batch. ``known``: a table's stored offsets
+        as this run knows them (default: the pipeline's)."""
+        known = self._known if known is None else known
         new = {
-            t: sorted(p for p in parts if p not in self._known.get(t, {}))
-            for t, parts in start.items()
+            t: sorted(p for p in parts if p not in known.get(t, {})) for t, parts in start.items()
         }
         new = {t: parts for t, parts in new.items() if parts}
         if not new:
@@ -449,7 +517,7 @@ class Pipeline:
                 p: first_offset(
                     t,
                     p,
-                    stored=self._known,
+                    stored=known,
                     starting=self.config.kafka.starting_offsets,
                     earliest=marks.earliest[t][p],
                     latest=marks.latest[t][p],
@@ -505,17 +573,20 @@ class Pipeline:
     def _current_topic_ids(self, end: Offsets) -> dict[str, str]:
         """Kafka's ids of the batch's topics, recorded in its commit; a topic deleted and
         created again while this run read it stops the batch before anything is written (the
-        next start handles it as :mod:`kafka_delta.offsets.topic_identity` says)."""
+        next start handles it as :mod:`kafka_delta.offsets.topic_identity` says).
+
+        A source that checks the ids itself (the embedded source: in the one metadata request
+        its planning makes per batch) planned this batch only if they were still the ones the
+        run started with, so the ids come from here without a request: the batch's only Kafka
+        round trip is then the lag's offsets (:meth:`_progress`)."""
+        if getattr(self.engine.source, "checks_topic_ids", False):
+            return {t: i for t, i in self._topic_ids.items() if t in end}
         current = self.admin.topic_ids(end)
         changed = sorted(
             t for t, i in current.items() if t in self._topic_ids and self._topic_ids[t] != i
         )
         if changed:
-            raise TopicRecreatedError(
-                f"topic(s) {', '.join(changed)} were deleted and created again while this run "
-                "read them. Nothing of this batch was written; start the pipeline again (with "
-                "kafka.fail_on_data_loss: false it reads the new topic from its first record)."
-            )
+            raise recreated_while_running(changed)
         self._topic_ids.update(current)
         return {t: i for t, i in current.items() if t in end}
 
@@ -547,39 +618,102 @@ class Pipeline:
         if rewound:
             commit = replace(commit, rewound=rewound, rewound_from=self._ends_before(rewound))
         observation: Observation | None = Observation()
-        out = self.transform(df.observe(observation, F.count(F.lit(1)).alias("records")))
-        if self.config.delta.mode == "upsert":
-            out = out.transform(
-                latest_per_key(self.config.delta.merge_keys, self.config.delta.order_by)
-            )
+        observed = df.observe(observation, F.count(F.lit(1)).alias("records"))
         start = self._batch_start(batch_id, end)
-        firsts = self._first_positions(start)
-        commit = commit.starting_at(start)  # recorded for `offsets verify`
+        several = len(self.tables) > 1
+        # Fencing first, for every table, on the tables as they are now: a run that may not
+        # commit this batch, or a replay of a batch a table has, runs no task for that table:
+        # nothing is read for it from Kafka, no data file and no dead letter is written.
+        shares = []
+        for run in self.tables:
+            t_start, t_end, skipped = share(run, start, end) if several else (start, end, {})
+            t_commit = commit
+            if several:
+                t_commit = replace(
+                    commit,
+                    app_id=app_id(self.config.pipeline_id, query_id, run.name),
+                    end_offsets=t_end,
+                    topic_ids={t: i for t, i in (commit.topic_ids or {}).items() if t in t_end}
+                    or None,
+                    rewound=tuple(tp for tp in commit.rewound if tp[0] in t_end),
+                    rewound_from=run.restrict(commit.rewound_from or {}) or None,
+                )
+            firsts = self._first_positions(t_start, run.known)
+            t_commit = t_commit.starting_at(t_start)  # recorded for `offsets verify`
+            replayed = run.engine.sink.check(t_commit, t_start, firsts)
+            shares.append((run, t_commit, t_start, firsts, skipped, replayed))
+        # Of several tables, the batch's records are read from Kafka once, for all of them.
+        source = observed.persist() if several and not all(s[-1] for s in shares) else observed
+        results: list[tuple[TableRun, SinkResult, int]] = []
         dead_sent = 0
-        # Fencing first, on the table as it is now: a run that may not commit this batch, or a
-        # replay of a batch the table has, runs no task: it reads nothing from Kafka and writes
-        # no data file and no dead letter.
-        if self.sink.check(commit, start, firsts):
-            result = SinkResult(written=False, rows=0, delta_version=None)
-            observation = None
-        else:
-            batch = self.sink.materialize(out)
-            try:
-                if batch.dead is not None:
-                    dead_sent = self.dead_letters.send(df, batch.dead, commit)
-                    self.summary.dead_letters += dead_sent
-                crash_point("before_delta_commit")
-                result = self.sink.commit_batch(batch.rows, commit, start=start, firsts=firsts)
-            finally:
-                batch.release()
+        try:
+            for n, (run, t_commit, t_start, firsts, skipped, replayed) in enumerate(shares):
+                if n:
+                    # A crash here leaves the batch in the tables before this one only.
+                    crash_point("between_tables")
+                if replayed:
+                    results.append((run, SinkResult(written=False, rows=0, delta_version=None), 0))
+                    continue
+                records = source
+                if several:
+                    records = without_held(
+                        table_input(source, run, self.config.kafka.topics), skipped
+                    )
+                out = (
+                    table_output(self.transform, records, run, [r.name for r in self.tables])
+                    if self.config.tables  # routes and a transform's mapping (tables:)
+                    else self.transform(records)
+                )
+                mode = run.config.delta
+                if mode.mode == "upsert":
+                    out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
+                batch = run.engine.sink.materialize(out)
+                sent = 0
+                try:
+                    if batch.dead is not None:
+                        # Found again by position in what the table read (of one table: the
+                        # batch as Spark gave it, as before).
+                        read_from = records if several else df
+                        sent = run.dead_letters.send(read_from, batch.dead, t_commit)
+                        self.summary.dead_letters += sent
+                    crash_point("before_delta_commit")
+                    result = run.engine.sink.commit_batch(
+                        batch.rows, t_commit, start=t_start, firsts=firsts
+                    )
+                finally:
+                    batch.release()
+                dead_sent += sent
+                results.append((run, result, sent))
+        finally:
+            if source is not observed:
+                source.unpersist()
+        if all(s[-1] for s in shares):
+            observation = None  # every table had the batch: nothing was read
         crash_point("after_delta_commit")
+        for run, (_, t_commit, *_rest) in zip(self.tables, shares, strict=True):
+            for topic, parts in t_commit.end_offsets.items():
+                run.known.setdefault(topic, {}).update(parts)
+        # The group's offsets: what every table that reads a partition holds (one table: the
+        # batch's end offsets).
+        group = group_offsets(self.tables) if several else end
+        group = {
+            t: {p: o for p, o in parts.items() if p in end.get(t, {})}
+            for t, parts in group.items()
+            if t in end
+        }
 
         hook_started = time.perf_counter()
         if self.committer is not None:
-            self.committer.submit(batch_id, end)
+            self.committer.submit(batch_id, group)
         hook_ms = (time.perf_counter() - hook_started) * 1000
         elapsed = time.perf_counter() - started
 
+        written = [result for _, result, _ in results if result.written]
+        result = SinkResult(
+            written=bool(written),
+            rows=sum(r.rows for r in written),
+            delta_version=written[-1].delta_version if written else None,
+        )
         summary = self.summary
         summary.batches += 1
         summary.replayed_batches += 0 if result.written else 1
@@ -589,12 +723,25 @@ class Pipeline:
         summary.end_offsets = end
         if result.written:
             self._recreated = set()  # the recreated topics' offsets are the new ones from now
-        for topic, parts in end.items():
+        for topic, parts in group.items():
             self._known.setdefault(topic, {}).update(parts)
         summary.commit_back_ms.append(hook_ms)
         summary.batch_seconds.append(elapsed)
         read = 0 if observation is None else records_read(observation)
         progress = self._progress(batch_id, read, result, dead_sent, end, elapsed, hook_ms)
+        if several:
+            progress = replace(
+                progress,
+                tables={
+                    run.label: {
+                        "rows_written": r.rows,
+                        "dead_letters": sent,
+                        "replayed": not r.written,
+                        "delta_version": r.delta_version,
+                    }
+                    for run, r, sent in results
+                },
+            )
         self._log_progress(progress)
         for listener in self.listeners:
             try:
@@ -670,7 +817,7 @@ class Pipeline:
             return
         log.info(
             "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
-            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f",
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f%s",
             p.batch_id,
             read,
             p.rows_written,
@@ -681,6 +828,7 @@ class Pipeline:
             target,
             back,
             p.hook_ms,
+            _per_table(p),
         )
 
     # -- running ----------------------------------------------------------------------------
@@ -691,7 +839,12 @@ class Pipeline:
 
     def run(self) -> RunSummary:
         # The run lease tells `offsets reset` (another process) that this pipeline is running.
-        with RunLease.hold(self.config, lambda: self._query.id if self._query else None):
+        # Of several tables, each holds it: a reset of any one of them sees the run.
+        with ExitStack() as leases:
+            for run in self.tables:
+                leases.enter_context(
+                    RunLease.hold(run.config, lambda: self._query.id if self._query else None)
+                )
             return self._run()
 
     def _run_query(self, query: StreamingQuery) -> None:

@@ -18,7 +18,11 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--config", type=Path, help="path of a YAML config file")
     parser.add_argument("--bootstrap-servers", help="override kafka.bootstrap_servers")
     parser.add_argument("--consumer-group", help="override kafka.consumer_group")
-    parser.add_argument("--table", help="override delta.table (path or URI)")
+    parser.add_argument(
+        "--table",
+        help="override delta.table (path or URI); with tables: in the config, the name of one "
+        "table: the commands act on it alone (default: on every table)",
+    )
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
     parser.add_argument(
         "--schema-registry-url", help="override decoding.schema_registry.url (Avro, Protobuf)"
@@ -57,17 +61,32 @@ def _registry_override(args: argparse.Namespace, path: Path, config: PipelineCon
     return {"decoding.schema_registry.url": url}
 
 
+def selected_tables(config: PipelineConfig, args: argparse.Namespace) -> list[PipelineConfig]:
+    """The tables a command acts on: of a config with ``tables:``, the one ``--table`` names,
+    else every one (a view each, :meth:`PipelineConfig.for_table`); else the config itself."""
+    if not config.tables:
+        return [config]
+    name = getattr(args, "table", None)
+    return [config.for_table(name)] if name else config.table_configs()
+
+
 def build_config(args: argparse.Namespace) -> PipelineConfig:
     # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
     path = config_path(args)
     config = load_config(path, environ=os.environ)
     bootstrap = args.bootstrap_servers or started_broker(path, config.kafka.bootstrap_servers)
+    table = absolute_path(args.table)
+    if config.tables:
+        # --table names one of the tables (checked here: an unknown name stops at once).
+        if args.table is not None:
+            config.for_table(args.table)
+        table = None
     return config.with_overrides(
         **_registry_override(args, path, config),
         **{
             "kafka.bootstrap_servers": bootstrap,
             "kafka.consumer_group": args.consumer_group,
-            "delta.table": absolute_path(args.table),
+            "delta.table": table,
             "checkpoint": absolute_path(args.checkpoint),
             # Run options; a subcommand's parser (add_config_options only) has none of them.
             "trigger.mode": getattr(args, "trigger", None) and args.trigger.replace("-", "_"),

@@ -28,11 +28,12 @@ import logging
 import sys
 from typing import Any
 
-from kafka_delta.commands.arguments import add_config_options, build_config
+from kafka_delta.commands.arguments import add_config_options, build_config, selected_tables
 from kafka_delta.commands.table_log import (
     CommandError,
     admin_for,
     format_rows,
+    group_offsets_of,
     kafka_partitions,
     open_existing,
     open_table,
@@ -165,23 +166,85 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta offsets") -> in
     )
     try:
         config = build_config(args)
+        views = selected_tables(config, args)
         if args.command == "show":
             if args.csv:
-                print(show_csv(config), end="")
+                print(show_csv(config, views), end="")
                 return 0
-            document = show(config)
-            print(json.dumps(document, indent=2) if args.json else render_show(document))
+            if not config.tables:
+                document = show(config)
+                print(json.dumps(document, indent=2) if args.json else render_show(document))
+                return 0
+            # Each table's stored offsets beside the group's (the least of the tables').
+            documents = {str(v.table_name): show(v) for v in views}
+            if args.json:
+                print(
+                    json.dumps({"pipeline_id": config.pipeline_id, "tables": documents}, indent=2)
+                )
+            else:
+                print("\n\n".join(f"table {n}: {render_show(d)}" for n, d in documents.items()))
             return 0
         if args.command == "reset":
             from kafka_delta.commands.reset import run_reset
 
-            return run_reset(config, args)
+            # All tables move together (or the one --table names); the group then holds the
+            # least of every table's offsets, as the run commits it back.
+            group = (lambda _: group_offsets_of(config)) if config.tables else None
+            status = 0
+            for view in views:
+                own = _reset_of_table(args, view) if config.tables else args
+                if own is None:
+                    print(f"table {view.table_name}: reads none of the topics named: unchanged")
+                    continue
+                if config.tables:
+                    print(f"table {view.table_name}:")
+                status = max(status, run_reset(view, own, group=group))
+            return status
         from kafka_delta.commands.verify import run_verify
 
-        return run_verify(config, ids=args.ids, against_kafka=args.against_kafka)
+        expected = group_offsets_of(config) if config.tables else None
+        status = 0
+        for view in views:
+            status = max(
+                status,
+                run_verify(
+                    view, ids=args.ids, against_kafka=args.against_kafka, group_expected=expected
+                ),
+            )
+        if len(views) > 1:
+            print(f"verify: {'OK' if status == 0 else 'FAILED'}: {len(views)} tables")
+        return status
     except (ConfigError, CommandError, KafkaUnavailableError, OffsetsExpiredError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _reset_of_table(args: argparse.Namespace, view: PipelineConfig) -> argparse.Namespace | None:
+    """The reset's arguments for one table of several: a target that names partitions
+    (``--to-offsets``, ``--from-file``) or topics (``--topic``) restricted to the topics the
+    table reads; None when it names none of them."""
+    from kafka_delta.commands.reset import parse_offsets_spec, read_offsets_file
+
+    topics = set(view.kafka.topics)
+    own = argparse.Namespace(**vars(args))
+    if args.to_offsets is not None or args.from_file is not None:
+        offsets = (
+            parse_offsets_spec(args.to_offsets)
+            if args.to_offsets is not None
+            else read_offsets_file(args.from_file)
+        )
+        mine = {t: parts for t, parts in offsets.items() if t in topics}
+        if not mine:
+            return None
+        own.to_offsets = ",".join(
+            f"{t}:{p}={o}" for t, parts in sorted(mine.items()) for p, o in sorted(parts.items())
+        )
+        own.from_file = None
+    elif args.topic:
+        own.topic = [t for t in args.topic if t in topics]
+        if not own.topic:
+            return None
+    return own
 
 
 # -- show -------------------------------------------------------------------------------------
@@ -271,16 +334,21 @@ def show(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def show_csv(config: PipelineConfig) -> str:
+def show_csv(config: PipelineConfig, views: list[PipelineConfig] | None = None) -> str:
     """The stored offsets as ``TOPIC,PARTITION,OFFSET`` lines, no header: the file
     ``kafka-consumer-groups --reset-offsets --export`` writes and ``--from-file`` reads. Only
-    partitions with a stored offset, as Kafka's export holds only committed ones."""
-    table = open_existing(config.delta.table, config)
-    partitions, _ = kafka_partitions(admin_for(config), config.kafka.topics)
-    stored, _ = stored_offsets(table, config, partitions)
+    partitions with a stored offset, as Kafka's export holds only committed ones. Of several
+    tables: the one ``views`` names alone, else the group's (the least of the tables')."""
+    if config.tables and (views is None or len(views) > 1):
+        offsets = group_offsets_of(config)
+    else:
+        view = views[0] if views else config
+        table = open_existing(view.delta.table, view)
+        partitions, _ = kafka_partitions(admin_for(view), view.kafka.topics)
+        offsets = stored_offsets(table, view, partitions)[0].offsets
     return "".join(
         f"{t},{p},{offset}\n"
-        for t, parts in sorted(stored.offsets.items())
+        for t, parts in sorted(offsets.items())
         for p, offset in sorted(parts.items())
     )
 

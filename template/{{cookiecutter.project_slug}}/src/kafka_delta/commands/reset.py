@@ -508,10 +508,16 @@ def _refuse_if_running(config: PipelineConfig, args: argparse.Namespace) -> str 
     )
 
 
-def run_reset(config: PipelineConfig, args: argparse.Namespace) -> int:
+def run_reset(
+    config: PipelineConfig,
+    args: argparse.Namespace,
+    group: Callable[[Offsets], Offsets] | None = None,
+) -> int:
     """Preview (the default, and ``--dry-run``): print the plan, write nothing, exit 0.
     ``--execute``: commit it, refusing (exit 2, nothing written) a running pipeline or a lossy
-    direction without its flag."""
+    direction without its flag. ``group``: what the consumer group is to hold once the table
+    stores the given offsets (a pipeline of several tables: the least of the tables'); by
+    default the table's offsets."""
     table = open_existing(config.delta.table, config)
     running = _refuse_if_running(config, args)
     if running is not None and args.execute:
@@ -548,7 +554,7 @@ def run_reset(config: PipelineConfig, args: argparse.Namespace) -> int:
         config.kafka.consumer_group,
         timeout_s=config.commit_back.timeout_seconds,
     )
-    committer.submit(-1, offsets)
+    committer.submit(-1, group(offsets) if group is not None else offsets)
     stats = committer.close()
     if stats.succeeded == 0:
         print(

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from kafka_delta.commands.arguments import add_config_options, build_config
+from kafka_delta.commands.arguments import add_config_options, build_config, selected_tables
 from kafka_delta.commands.table_log import CommandError, open_table
 from kafka_delta.config import ConfigError, PipelineConfig
 
@@ -512,7 +512,13 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta table") -> int:
             dry_run=args.dry_run,
         )
         config = build_config(args)
-        return run_maintain(config, plan)
+        # Of several tables (tables:), the one --table names, else each in turn.
+        status = 0
+        for view in selected_tables(config, args):
+            if view.table_name is not None:
+                print(f"table {view.table_name}:")
+            status = max(status, run_maintain(view, plan))
+        return status
     except (ConfigError, CommandError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -155,5 +155,28 @@ def format_rows(header: list[str], rows: list[list[object]]) -> list[str]:
     ]
 
 
+def group_offsets_of(config: PipelineConfig) -> dict[str, dict[int, int]]:
+    """What the consumer group holds for a pipeline: the table's stored offsets; of several
+    tables (``tables:``), per partition the least any table reading it stores (as the run
+    commits it back, :func:`kafka_delta.routing.group_offsets`). A table with no commit of the
+    pipeline yet counts for nothing."""
+    least: dict[str, dict[int, int]] = {}
+    for view in config.table_configs():
+        table = open_table(view.delta.table, view.delta.storage_options)
+        if table is None:
+            continue
+        partitions, _ = kafka_partitions(admin_for(view), view.kafka.topics)
+        try:
+            stored, _ = stored_offsets(table, view, partitions)
+        except CommandError:
+            continue  # no commit of the pipeline in this table yet
+        for t, parts in stored.offsets.items():
+            if config.tables and t not in view.kafka.topics:
+                continue
+            for p, o in parts.items():
+                least.setdefault(t, {})[p] = min(o, least.get(t, {}).get(p, o))
+    return least
+
+
 def admin_for(config: PipelineConfig) -> KafkaAdmin:
     return KafkaAdmin(config.kafka.client_config(), timeout_s=KAFKA_TIMEOUT_S)

@@ -706,6 +706,7 @@ def check_against_kafka(
     dead: Positions | None,
     mode: str,
     ranges: Ranges | None = None,
+    route: str | None = None,
 ) -> tuple[list[str], str, list[str]]:
     """(problems, summary, notes): every record Kafka holds in the committed ranges is in the
     table or the dead-letter table, no row sits where Kafka has no record, and each row is the
@@ -713,7 +714,9 @@ def check_against_kafka(
     generation of a recreated topic committed a position too (``ranges``), its row is there
     besides the current record's: the record is in a table when the position holds more rows
     than the earlier generations, and only rows at positions no earlier generation holds are
-    compared with Kafka's."""
+    compared with Kafka's. A table with a ``route`` (one of several, ``tables:``) holds the
+    records its route takes: each row is checked to be a record, and held once, but a record
+    it lacks is not lost (the route, a Spark expression on the transform's output, decides)."""
     problems: list[str] = []
     records = 0
     for tp in sorted(read.offsets):
@@ -727,7 +730,7 @@ def check_against_kafka(
             else pa.array([], pa.int64())
         )
         older = ranges is not None and bool(ranges.generations.get(tp))
-        if main is not None and mode == "append":
+        if main is not None and mode == "append" and route is None:
             if older:
                 assert ranges is not None
                 per = pc.value_counts(rows)
@@ -790,6 +793,11 @@ def check_against_kafka(
             f"checkable; {rowless} of them hold no row in either table (records skipped by "
             "kafka.fail_on_data_loss: false or expired unread, or Kafka's own gaps)"
         )
+    if route is not None:
+        notes.append(
+            f"kafka: the table takes the records its route ({route}) holds true for: each row "
+            "is a record of the committed ranges, held once; records it lacks are not judged"
+        )
     if mode != "append":
         notes.append(
             "kafka: upsert mode keeps one row per key, so records superseded by a newer one "
@@ -797,7 +805,7 @@ def check_against_kafka(
         )
     summary = (
         f"{records} records read back from the committed ranges, each in exactly one table"
-        if mode == "append"
+        if mode == "append" and route is None
         else f"{records} records read back from the committed ranges, every row is one of them"
     )
     return problems, summary, notes
@@ -834,7 +842,14 @@ def _fail(name: str, problem: str) -> int:
     return 1
 
 
-def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bool = False) -> int:
+def run_verify(
+    config: PipelineConfig,
+    ids: str | None = None,
+    against_kafka: bool = False,
+    group_expected: Mapping[str, Mapping[int, int]] | None = None,
+) -> int:
+    """``group_expected``: what the consumer group must hold (a pipeline of several tables: the
+    least of the tables' offsets); by default the table's stored offsets."""
     table = open_existing(config.delta.table, config)
     history = table.history(None)
     try:
@@ -847,8 +862,9 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
     stored, _ = stored_offsets(table, config, partitions)
     history_start = min((int(h["version"]) for h in history), default=0)
     commits = effect.commits
+    of_table = "" if config.table_name is None else f" table {config.table_name}"
     print(
-        f"verify pipeline {config.pipeline_id} on {config.delta.table} (Delta version "
+        f"verify pipeline {config.pipeline_id}{of_table} on {config.delta.table} (Delta version "
         f"{table.version()}, {row_count(table)} rows; log retained from version {history_start})"
     )
     checks: list[tuple[str, list[str], str]] = []
@@ -935,7 +951,9 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
         else:
             wanted = {tp: spans for tp, spans in judged.items() if tp[1] in on_kafka.get(tp[0], [])}
             read = read_kafka(config, wanted, marks)
-            problems, summary, more = check_against_kafka(read, main, dead, mode, ranges)
+            problems, summary, more = check_against_kafka(
+                read, main, dead, mode, ranges, route=config.table_route
+            )
             checks.append(("kafka", problems, summary))
             notes += more
 
@@ -945,11 +963,13 @@ def run_verify(config: PipelineConfig, ids: str | None = None, against_kafka: bo
         for p, offset in sorted(ps.items()):
             if p not in on_kafka.get(t, []):
                 continue
-            if group.get(t, {}).get(p) != offset:
+            want = offset if group_expected is None else group_expected.get(t, {}).get(p, offset)
+            if group.get(t, {}).get(p) != want:
+                tables = "the table stores" if group_expected is None else "the tables' least is"
                 group_problems.append(
                     f"{t}:{p}: consumer group {config.kafka.consumer_group} has "
-                    f"{group.get(t, {}).get(p, 'no committed offset')}, the table stores "
-                    f"{offset} (a running pipeline's commit-back may trail by a batch; the "
+                    f"{group.get(t, {}).get(p, 'no committed offset')}, {tables} "
+                    f"{want} (a running pipeline's commit-back may trail by a batch; the "
                     "next batch or run aligns them)"
                 )
             earliest = marks.earliest[t][p]

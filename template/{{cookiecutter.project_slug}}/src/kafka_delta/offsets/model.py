@@ -194,9 +194,15 @@ def partitions_of(*offsets: Mapping[str, Mapping[int, int]]) -> dict[str, list[i
     return {topic: sorted(parts) for topic, parts in names.items()}
 
 
-def app_id(pipeline_id: str, query_id: str) -> str:
-    """Delta ``txnAppId`` for one checkpoint of one pipeline (see the module docstring)."""
-    return f"{pipeline_id}.{query_id}"
+def app_id(pipeline_id: str, query_id: str, table: str | None = None) -> str:
+    """Delta ``txnAppId`` for one checkpoint of one pipeline (see the module docstring); for
+    a table of a pipeline that writes several (``tables:``), of that table too: each table's
+    commits carry their own idempotence key (I13).
+
+    >>> app_id("orders", "q1"), app_id("shop", "q1", "payments")
+    ('orders.q1', 'shop.payments.q1')
+    """
+    return f"{pipeline_id}.{query_id}" if table is None else f"{pipeline_id}.{table}.{query_id}"
 
 
 def fence_app_id(pipeline_id: str) -> str:

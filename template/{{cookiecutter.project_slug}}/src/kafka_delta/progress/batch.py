@@ -9,6 +9,7 @@ from the config, so a pipeline without metrics never imports ``prometheus_client
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,6 +48,9 @@ class BatchProgress:
     commit_back_ok: int | None  # None: commit-back is off
     commit_back_failed: int | None
     hook_ms: float
+    # A pipeline of several tables (``tables:``): each table's share of the batch, by name:
+    # rows_written, dead_letters, replayed, delta_version. None for one table.
+    tables: Mapping[str, Mapping[str, Any]] | None = None
 
     @property
     def behind_latest(self) -> int | None:
@@ -83,10 +87,54 @@ class BatchProgress:
                 return None
             return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in value.items()}
 
-        fields = {name: data[name] for name in cls.__dataclass_fields__}
+        # `tables` is absent from lines written before pipelines had several tables.
+        fields = {
+            name: data.get(name) if name == "tables" else data[name]
+            for name in cls.__dataclass_fields__
+        }
         fields["end_offsets"] = offsets(fields["end_offsets"]) or {}
         fields["lag"] = offsets(fields["lag"])
         return cls(**fields)
+
+
+@dataclass(frozen=True)
+class RunRate:
+    """A run's pace once it is going, from its batches' progress records: the records read by
+    every batch after the first, over the time from the first batch's commit to the last's
+    (scripts/bench's steady rate). Start-up (process and JVM start, the first batch's warm-up)
+    is left out; the caller, who knows when the process started, reports it apart."""
+
+    batches: int
+    first_committed_at: float  # Unix time, seconds
+    last_committed_at: float
+    steady_records: int
+
+    @property
+    def steady_s(self) -> float:
+        return self.last_committed_at - self.first_committed_at
+
+    @property
+    def steady_records_per_s(self) -> float | None:
+        """None with a single batch (or batches committed at one instant): nothing steady."""
+        if self.batches < 2 or self.steady_s <= 0:
+            return None
+        return self.steady_records / self.steady_s
+
+
+def run_rate(batches: Sequence[BatchProgress]) -> RunRate | None:
+    """The :class:`RunRate` of ``batches`` (one run's, in the order written); None without any.
+    A batch's records are those it read (its rows written where the count is unknown)."""
+    if not batches:
+        return None
+    later = batches[1:]
+    return RunRate(
+        batches=len(batches),
+        first_committed_at=batches[0].finished_at,
+        last_committed_at=batches[-1].finished_at,
+        steady_records=sum(
+            b.rows_written if b.records_read is None else b.records_read for b in later
+        ),
+    )
 
 
 class ProgressListener(Protocol):

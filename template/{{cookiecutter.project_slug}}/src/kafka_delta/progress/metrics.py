@@ -103,6 +103,22 @@ class PrometheusMetrics:
         self.last_batch_time = gauge(
             "last_batch_timestamp_seconds", "Unix time the last micro-batch finished"
         )
+        # A pipeline of several tables (tables:): each table's share, labelled by its name.
+        self.table_rows_written = Counter(
+            f"{PREFIX}_table_rows_written",
+            "Rows the Delta commits added, per table of a pipeline of several tables",
+            [*labels, "table"],
+            registry=self.registry,
+        )
+        self.table_dead_letters = Counter(
+            f"{PREFIX}_table_dead_letters",
+            "Records sent to a table's dead-letter table, per table of several",
+            [*labels, "table"],
+            registry=self.registry,
+        )
+        self.table_delta_version = gauge(
+            "table_delta_version", "Delta version of a table's last commit", ("table",)
+        )
         # The hook's counts are cumulative per run: count what is new since the last batch.
         self._seen_ok = 0
         self._seen_failed = 0
@@ -162,6 +178,11 @@ class PrometheusMetrics:
         if progress.delta_version is not None:
             self.delta_version.labels(pipeline).set(progress.delta_version)
         self.last_batch_time.labels(pipeline).set(progress.finished_at)
+        for name, share in (progress.tables or {}).items():
+            self.table_rows_written.labels(pipeline, name).inc(share.get("rows_written") or 0)
+            self.table_dead_letters.labels(pipeline, name).inc(share.get("dead_letters") or 0)
+            if share.get("delta_version") is not None:
+                self.table_delta_version.labels(pipeline, name).set(share["delta_version"])
         self._count_commit_back(progress.commit_back_ok, progress.commit_back_failed)
         self._write()
 

@@ -46,6 +46,21 @@ class Verdict:
     reason: str = ""
 
 
+def combined(verdicts: dict[str | None, Verdict]) -> Verdict:
+    """One verdict on the checkpoint of a pipeline that writes several tables, from each
+    table's: it stops when one table's says so, is set aside when one table's says so (the new
+    checkpoint starts where the table furthest behind ends, and each table skips, per
+    partition, what it holds), else resumes. One table: its verdict as it is."""
+    for action in ("stop", "set_aside"):
+        found = [(name, v) for name, v in verdicts.items() if v.action == action]
+        if found:
+            reasons = "; ".join(
+                v.reason if name is None else f"table {name}: {v.reason}" for name, v in found
+            )
+            return Verdict(action, reasons)
+    return Verdict("resume")
+
+
 def _resume_position(checkpoint: CheckpointLog) -> tuple[int, bool, Offsets | None]:
     """(newest planned batch, whether Spark committed it, where the checkpoint resumes: that
     batch's end when committed, else its start; None when the start is not recorded)."""
@@ -63,10 +78,12 @@ def judge(
     stored: StoredOffsets | None,
     pipeline_id: str,
     commit_version: Callable[[str], int | None],
+    table: str | None = None,
 ) -> Verdict:
     """The verdict on a checkpoint that planned at least one batch, against ``stored``;
     ``commit_version(app_id)``: the Delta version of the table's newest commit made by a
-    checkpoint (:func:`..offsets.stored.newest_commit_version`)."""
+    checkpoint (:func:`..offsets.stored.newest_commit_version`); ``table``: the table's name
+    in ``tables:`` (its txnAppId names it), None for a pipeline of one table."""
     if stored is None or not checkpoint.has_plan():
         return Verdict("resume")
     planned, committed, position = _resume_position(checkpoint)
@@ -74,12 +91,12 @@ def judge(
     if (
         not committed
         and query_id is not None
-        and stored.app_id == app_id(pipeline_id, query_id)
+        and stored.app_id == app_id(pipeline_id, query_id, table)
         and stored.batch_id is not None
         and stored.batch_id >= planned
     ):
         return Verdict("resume")  # the pending batch is in the table: Spark replays it
-    ours = commit_version(app_id(pipeline_id, query_id)) if query_id is not None else None
+    ours = commit_version(app_id(pipeline_id, query_id, table)) if query_id is not None else None
     moved = _operator_move_after(stored, ours)
     if position is None:
         if committed or not any(stored.offsets.values()):

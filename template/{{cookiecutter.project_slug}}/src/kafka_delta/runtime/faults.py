@@ -15,8 +15,10 @@ that point leaves.
 Points: ``mid_read`` (a read task has yielded records), ``before_delta_commit``,
 ``after_dead_letters`` (dead letters committed, main commit not yet), ``after_data_files``
 (delta-rs sink: the batch's Parquet files are written, not yet committed), ``after_delta_commit``
-(the batch is in Delta; Spark has not recorded it), ``before_commit_copy`` (delta-spark sink:
-the batch is in Delta, the copy of its commit record not yet written), ``after_add_columns``
+(the batch is in Delta; Spark has not recorded it), ``between_tables`` (a pipeline of several
+tables: the batch is committed to the tables before the next one only), ``before_commit_copy``
+(delta-spark sink: the batch is in Delta, the copy of its commit record not yet written),
+``after_add_columns``
 (delta-rs sink: the columns a new writer schema brought are committed, the batch is not),
 ``in_commit_back`` (the hook is about to commit to the group).
 """
@@ -37,6 +39,7 @@ POINTS = frozenset(
         "after_data_files",
         "after_add_columns",
         "after_delta_commit",
+        "between_tables",
         "before_commit_copy",
         "in_commit_back",
     }

@@ -34,9 +34,12 @@ def check(config: PipelineConfig, kafka_timeout_s: float = KAFKA_TIMEOUT_S) -> N
 def check_paths(config: PipelineConfig) -> None:
     """A local table, dead-letter table or checkpoint path must be a folder or creatable as one
     (remote URIs are left to their storage)."""
-    paths = [("delta.table", config.delta.table)]
-    if config.dead_letter_table is not None:
-        paths.append(("dead_letters.table", config.dead_letter_table))
+    paths = []
+    for view in config.table_configs():  # each table of `tables:`, else the one table
+        where = "" if view.table_name is None else f"tables.{view.table_name}."
+        paths.append((f"{where}delta.table" if not where else f"{where}path", view.delta.table))
+        if view.dead_letter_table is not None:
+            paths.append((f"{where}dead_letters.table", view.dead_letter_table))
     paths.append(("checkpoint", config.checkpoint))
     for key, location in paths:
         path = local_path(location)

@@ -1,0 +1,381 @@
+"""One stream into several Delta tables, exactly once per table (I13): routing by topic, by
+record (a column expression) and by a transform that returns one DataFrame per table; each
+table's commits carry their own txnAppId and the offsets of what it received; a crash between
+two tables' commits of one batch and a lost checkpoint after the tables stopped at different
+batches leave every table exact; the consumer group holds, per partition, the minimum over the
+tables that read it. Real broker, real tables, real Spark."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+from kafka_delta.cli import main
+from kafka_delta.config import ConfigError, PipelineConfig, load_config
+from kafka_delta.kafka.admin import KafkaAdmin
+from kafka_delta.offsets.model import parse_user_metadata
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.progress.metrics import PrometheusMetrics
+from kafka_delta.runtime.faults import armed
+from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+from kafka_delta_dev.orders import transform as orders_transform
+from kafka_delta_dev.produce import EVENT_TYPES, produce_events, produce_values
+from pyspark.sql import functions as F
+from support import REPO, assert_exactly_once, assert_offsets_agree, forget_last_spark_commit
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+PAID = EVENT_TYPES.index("paid")
+
+
+def _tables(make_config, topics: list[str], tables: dict[str, dict], **kafka) -> PipelineConfig:
+    """A config of ``tables:`` (no ``delta:``) on fresh paths, against the test broker."""
+    base = make_config(topics, **kafka)
+    data = base.model_dump()
+    del data["delta"]
+    root = Path(base.delta.table).parent
+    data["tables"] = {name: {"path": str(root / name), **spec} for name, spec in tables.items()}
+    return PipelineConfig.model_validate(data)
+
+
+def _ids(view: PipelineConfig) -> Counter[int]:
+    return Counter(DeltaTable(view.delta.table).to_pyarrow_table()["id"].to_pylist())
+
+
+def _exact(view: PipelineConfig, expected: set[int]) -> None:
+    ids = _ids(view)
+    assert set(ids) == expected, sorted(set(ids) ^ expected)[:10]
+    assert max(ids.values()) == 1, [i for i, n in ids.items() if n > 1][:10]
+
+
+def _stored(view: PipelineConfig):
+    return DeltaRsOffsetStore(view.delta.table, view.pipeline_id).read()
+
+
+def _group_is_the_minimum(cfg: PipelineConfig) -> None:
+    """The group's committed offset of each partition is the least any table reading it
+    stores, and Kafka's latest: nothing is left to read for any table."""
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions(cfg.kafka.topics)
+    least: dict[str, dict[int, int]] = {}
+    for view in cfg.table_configs():
+        stored = _stored(view)
+        assert stored is not None
+        assert set(stored.offsets) <= set(view.kafka.topics)  # what that table received
+        for t, parts in stored.offsets.items():
+            for p, o in parts.items():
+                least.setdefault(t, {})[p] = min(o, least.get(t, {}).get(p, o))
+    assert admin.committed(cfg.kafka.consumer_group, partitions) == least
+    assert least == admin.latest(partitions)
+
+
+def _cli(config: Path, capsys, *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    status = main([*args[:2], "--config", str(config), *args[2:]])
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+def test_topic_routing_lands_each_topic_in_its_table_once_through_a_crash_between_tables(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys, caplog
+) -> None:
+    orders, payments = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, [orders], 200)
+    produce_events(kafka_bootstrap, [payments], 100, first_id=1000)
+    cfg = _tables(
+        make_config,
+        [orders, payments],
+        {"orders": {"topics": [orders]}, "payments": {"topics": [payments]}},
+    )
+    first, second = cfg.table_configs()
+    metrics = PrometheusMetrics(cfg.pipeline_id, textfile=tmp_path / "metrics.prom")
+    with caplog.at_level(logging.INFO, logger="kafka_delta.pipeline"):
+        Pipeline(spark, cfg, listeners=[metrics]).run()
+    _exact(first, set(range(200)))
+    _exact(second, set(range(1000, 1100)))
+    _group_is_the_minimum(cfg)
+    # Each table's share is in the batch line and in the metrics.
+    assert "tables=2 orders:rows=200,dead=0,v=0 payments:rows=100,dead=0,v=0" in caplog.text
+    prom = (tmp_path / "metrics.prom").read_text()
+    for table, rows in (("orders", 200), ("payments", 100)):
+        labels = f'pipeline="{cfg.pipeline_id}",table="{table}"'
+        assert f"kafka_delta_table_rows_written_total{{{labels}}} {rows:.1f}" in prom, prom
+    # Each table's commits carry the txnAppId of the pipeline and that table.
+    for view in (first, second):
+        records = [
+            parse_user_metadata(c.get("userMetadata"), cfg.pipeline_id)
+            for c in DeltaTable(view.delta.table).history()
+        ]
+        app_ids = {r.app_id for r in records if r is not None}
+        own = f"{cfg.pipeline_id}.{view.table_name}."
+        assert app_ids and all(a.startswith(own) for a in app_ids), app_ids
+
+    # The run dies between the two tables' commits of a batch: the first table has it.
+    produce_events(kafka_bootstrap, [orders], 100, first_id=200)
+    produce_events(kafka_bootstrap, [payments], 50, first_id=1100)
+    with armed("between_tables"), pytest.raises(Exception, match="between_tables"):
+        Pipeline(spark, cfg).run()
+    _exact(first, set(range(300)))
+    _exact(second, set(range(1000, 1100)))
+
+    Pipeline(spark, cfg).run()  # the same checkpoint: the first table replays, the other writes
+    _exact(first, set(range(300)))
+    _exact(second, set(range(1000, 1150)))
+    _group_is_the_minimum(cfg)
+    # On the checkpoint it had: each table judged it by its own txnAppId, none set it aside.
+    assert not list(Path(cfg.checkpoint).parent.glob("*.set-aside-*"))
+
+    # The commands, per table.
+    conf = tmp_path / "conf" / "tables.yaml"
+    conf.parent.mkdir()
+    conf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    status, out = _cli(conf, capsys, "offsets", "show")
+    assert status == 0 and "table orders: pipeline" in out and "table payments: pipeline" in out
+    status, out = _cli(conf, capsys, "offsets", "verify", "--against-kafka")
+    assert status == 0 and "verify: OK: 2 tables" in out, out
+    status, out = _cli(conf, capsys, "offsets", "show", "--json")
+    assert status == 0 and set(json.loads(out)["tables"]) == {"orders", "payments"}
+    status, out = _cli(conf, capsys, "offsets", "show", "--csv")  # the group's: every topic
+    assert status == 0 and {line.split(",")[0] for line in out.split()} == {orders, payments}
+    status, out = _cli(conf, capsys, "offsets", "reset", "--to-current", "--execute")
+    assert status == 0 and "table orders:" in out and "table payments:" in out, out
+    status, out = _cli(conf, capsys, "table", "maintain", "--only", "compact")
+    assert status == 0 and "table orders:" in out and "table payments:" in out, out
+    status, out = _cli(conf, capsys, "table", "maintain", "--table", "orders", "--only", "compact")
+    assert status == 0 and "table payments:" not in out, out
+
+    # One row of one table removed: verify names it, on that table.
+    DeltaTable(first.delta.table).delete("id = 7")
+    status, out = _cli(conf, capsys, "offsets", "verify", "--table", "orders", "--against-kafka")
+    assert status == 1 and "lost" in out, out
+
+    # A reset of one table moves it alone; the group holds the least of the tables'.
+    produce_events(kafka_bootstrap, [payments], 20, first_id=2000)
+    before = _stored(first).offsets
+    status, out = _cli(
+        conf,
+        capsys,
+        "offsets",
+        "reset",
+        "--table",
+        "payments",
+        "--to-latest",
+        "--execute",
+        "--allow-skip",
+    )
+    assert status == 0, out
+    assert _stored(first).offsets == before
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    latest = admin.latest(admin.partitions([payments]))
+    assert _stored(second).offsets == latest
+    _group_is_the_minimum(cfg)
+
+
+def test_record_routing_after_a_lost_checkpoint_with_the_tables_at_different_batches(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 400)
+    produce_values(kafka_bootstrap, topics[0], [(0, b"not json")])
+    cfg = _tables(
+        make_config,
+        topics,
+        {"all": {}, "paid": {"route": "event_type = 'paid'"}},
+        max_records_per_trigger=100,
+    )
+    every, paid = cfg.table_configs()
+    # Batch 0 reaches both tables; batch 1 only the first, then the run dies.
+    with armed("between_tables", after=1), pytest.raises(Exception, match="between_tables"):
+        Pipeline(spark, cfg).run()
+    assert _stored(every).offsets != _stored(paid).offsets  # stopped at different batches
+
+    shutil.rmtree(cfg.checkpoint)  # the checkpoint is lost
+    produce_events(kafka_bootstrap, topics, 100, first_id=400)
+    Pipeline(spark, cfg).run()
+
+    _exact(every, set(range(500)))
+    _exact(paid, {i for i in range(500) if i % len(EVENT_TYPES) == PAID})
+    _group_is_the_minimum(cfg)
+    # The record no route can judge is a dead letter of each table that reads its topic.
+    for view in (every, paid):
+        dead = DeltaTable(view.dead_letter_table).to_pyarrow_table()
+        assert dead.num_rows == 1
+
+    # One table moved on alone: the group stays at what both hold (the other's offsets).
+    conf = tmp_path / "conf" / "tables.yaml"
+    conf.parent.mkdir()
+    conf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    produce_events(kafka_bootstrap, topics, 20, first_id=500)
+    reset = ["offsets", "reset", "--table", "all", "--to-latest", "--execute", "--allow-skip"]
+    status, out = _cli(conf, capsys, *reset)
+    assert status == 0, out
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions(topics)
+    assert _stored(every).offsets == admin.latest(partitions) != _stored(paid).offsets
+    assert admin.committed(cfg.kafka.consumer_group, partitions) == _stored(paid).offsets
+
+
+def _bronze_and_silver(df):
+    """Two outputs from one read: every record as it came, and the paid orders typed."""
+    events = orders_transform(df)
+    return {
+        "bronze": df.select("topic", "partition", "offset", F.col("value").cast("string")),
+        "silver": events.where((F.col("event_type") == "paid") | F.col("_error").isNotNull()),
+    }
+
+
+def test_a_transform_returning_one_dataframe_per_table_fills_each_once(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 200)
+    cfg = _tables(
+        make_config,
+        topics,
+        {"bronze": {}, "silver": {"mode": "upsert", "merge_keys": ["id"]}},
+        max_records_per_trigger=120,
+    )
+    bronze, silver = cfg.table_configs()
+    Pipeline(spark, cfg, transform=_bronze_and_silver).run()
+    produce_events(kafka_bootstrap, topics, 100, first_id=200)
+    Pipeline(spark, cfg, transform=_bronze_and_silver).run()
+
+    rows = DeltaTable(bronze.delta.table).to_pyarrow_table()
+    positions = set(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True))
+    assert rows.num_rows == len(positions) == 300
+    _exact(silver, {i for i in range(300) if i % len(EVENT_TYPES) == PAID})
+    _group_is_the_minimum(cfg)
+
+
+def test_tables_config_is_validated_and_read_from_a_file(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    data = {
+        "pipeline_id": "shop",
+        "kafka": {
+            "bootstrap_servers": "127.0.0.1:9",
+            "topics": ["orders", "payments"],
+            "consumer_group": "shop",
+        },
+        "tables": {
+            "orders": {"path": "data/orders", "topics": ["orders"]},
+            "payments": {
+                "path": "data/payments",
+                "topics": ["payments"],
+                "mode": "upsert",
+                "merge_keys": ["id"],
+                "dead_letters": {"table": "data/bad"},
+            },
+        },
+        "checkpoint": "data/checkpoint",
+    }
+    (conf / "local.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(conf / "local.yaml")
+    orders, payments = cfg.table_configs()
+    assert orders.delta.table == str(tmp_path / "data" / "orders") == cfg.delta.table
+    assert orders.kafka.topics == ("orders",) and orders.table_name == "orders"
+    assert payments.delta.mode == "upsert" and payments.delta.merge_keys == ("id",)
+    assert payments.dead_letter_table == str(tmp_path / "data" / "bad")
+    assert orders.dead_letter_table == str(tmp_path / "data" / "orders_dead_letters")
+
+    bad = [
+        ({"payments": {"path": "x", "topics": ["payments"]}}, "which no table reads"),
+        ({"a": {"path": "x", "topics": ["nope"]}, "b": {"path": "y"}}, "does not list"),
+        ({"a": {"path": "x"}, "b": {"path": "x"}}, "location of its own"),
+        ({"a": {"path": "x", "mode": "upsert"}}, "merge_keys"),
+        ({"a b": {"path": "x"}}, "not a table name"),
+    ]
+    for tables, message in bad:
+        (conf / "bad.yaml").write_text(yaml.safe_dump({**data, "tables": tables}))
+        with pytest.raises(ConfigError, match=message):
+            load_config(conf / "bad.yaml")
+
+
+# main before `tables:` existed: the engine that wrote the tables users have today.
+OLD_MAIN = "c0cce047c21385317195c80946b7671794999d0e"
+ENGINE_SRC = "template/{{cookiecutter.project_slug}}/src"
+
+# One run of that engine, in a process of its own (argv: the config as JSON, the engine's
+# folder); it exits at once after the run (deltalake may abort at interpreter exit).
+OLD_RUN = """
+import json, os, sys
+import kafka_delta
+assert kafka_delta.__file__.startswith(sys.argv[2]), kafka_delta.__file__
+from kafka_delta.config import PipelineConfig
+from kafka_delta.pipeline import Pipeline
+from kafka_delta_dev.local_spark import local_session
+spark = local_session("old-main")
+spark.sparkContext.setLogLevel("ERROR")
+Pipeline(spark, PipelineConfig.model_validate(json.loads(sys.argv[1]))).run()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _old_engine(where: Path) -> Path:
+    """The engine and its dev package as they were at :data:`OLD_MAIN` (git archive)."""
+    archive = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "archive",
+            OLD_MAIN,
+            f"{ENGINE_SRC}/kafka_delta",
+            f"{ENGINE_SRC}/kafka_delta_dev",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    return where / ENGINE_SRC
+
+
+def test_a_table_written_before_tables_existed_runs_on_unchanged(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path
+) -> None:
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{OLD_MAIN}^{{commit}}"], capture_output=True
+    )
+    if found.returncode != 0:
+        pytest.skip(
+            f"this clone lacks commit {OLD_MAIN[:12]} (a shallow clone): the table is written by "
+            "the engine as it was there"
+        )
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, max_records_per_trigger=100)
+    old = _old_engine(tmp_path / "old")
+    data = cfg.model_dump(mode="json")
+    data.pop("tables")  # the old engine's config has no such key
+    result = subprocess.run(
+        [sys.executable, "-c", OLD_RUN, json.dumps(data), str(old)],
+        env={**os.environ, "PYTHONPATH": str(old), "PYSPARK_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_exactly_once(cfg, 300)
+
+    # This engine, the same config, table and checkpoint: the old checkpoint's last batch,
+    # which Spark had not recorded, is still the table's (same txnAppId): a replay.
+    forget_last_spark_commit(cfg)
+    produce_events(kafka_bootstrap, topics, 100, first_id=300)
+    Pipeline(spark, cfg).run()
+    assert_exactly_once(cfg, 400)
+    assert_offsets_agree(cfg)
+    # It went on with that checkpoint (not set aside as one the table moved past).
+    assert not list(Path(cfg.checkpoint).parent.glob("*.set-aside-*"))
