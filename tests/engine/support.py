@@ -61,6 +61,21 @@ def project_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(PROJECT / "src"), **extra}
 
 
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, empty, under the same name (a new topic id)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+    from kafka_delta_dev.produce import ensure_topics
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ensure_topics(bootstrap, [topic], partitions)
+
+
 def run_until_crash(cfg: PipelineConfig, folder: Path, point: str, after: int = 0) -> None:
     """Run ``cfg`` as the project's process (``python -m kafka_delta``) until the crash point
     ``point`` (kafka_delta.runtime.faults) kills it, after ``after`` passes; asserts it died

@@ -21,9 +21,9 @@ from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.topic_identity import TopicRecreatedError
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.sources.kafka_datasource import KafkaStreamReader
-from kafka_delta_dev.produce import ensure_topics, produce_events
+from kafka_delta_dev.produce import produce_events
 from pyspark.sql.streaming.datasource import ReadMaxRows
-from support import table_ids
+from support import recreate_topic, table_ids
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -87,18 +87,6 @@ def counting(admin: KafkaAdmin) -> CountingClient:
     return client
 
 
-def recreate(bootstrap: str, topic: str, partitions: int) -> None:
-    """Delete ``topic`` and create it again, empty, under the same name (a new topic id)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.monotonic() + 30
-    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ensure_topics(bootstrap, [topic], partitions)
-
-
 def test_planning_a_batch_makes_one_metadata_request_and_stops_on_a_recreated_topic(
     kafka_bootstrap, new_topics
 ) -> None:
@@ -138,7 +126,7 @@ def test_planning_a_batch_makes_one_metadata_request_and_stops_on_a_recreated_to
 
     # Deleted and created again, with more records than the stored positions: Kafka's own
     # check (a position past the end) cannot see it; the topic id does.
-    recreate(kafka_bootstrap, topic, 2)
+    recreate_topic(kafka_bootstrap, topic, 2)
     produce_events(kafka_bootstrap, [topic], 100, first_id=1000)
     with pytest.raises(TopicRecreatedError, match="created again while this run read them"):
         reader.latestOffset(start, ReadMaxRows(10))
@@ -179,7 +167,7 @@ def test_a_batch_asks_kafka_once_and_a_topic_recreated_mid_run_stops_before_the_
     class RecreateAfterFirstBatch(Counting):
         def on_batch(self, progress: Any) -> None:
             if not per_batch:
-                recreate(kafka_bootstrap, topic, 2)
+                recreate_topic(kafka_bootstrap, topic, 2)
                 produce_events(kafka_bootstrap, [topic], 100, first_id=1000)
             per_batch.append(Counter())
 

@@ -31,7 +31,7 @@ from kafka_delta_dev.orders import transform as default_transform
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR
 from pyspark.sql import functions as F
-from support import assert_exactly_once, assert_offsets_agree, table_ids
+from support import assert_exactly_once, assert_offsets_agree, recreate_topic, table_ids
 from test_graceful_stop import PACKAGE, _kill_group, _slow_project, _start, _wait_for
 from test_operations import _clean_up_the_log
 
@@ -448,21 +448,6 @@ def test_a_run_fenced_mid_batch_exits_3_in_one_sentence_and_both_checkpoints_res
     assert_offsets_agree(other)
 
 
-def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
-    """Delete ``topic`` and create it again, empty, under the same name (a new topic id)."""
-    import time
-
-    from confluent_kafka.admin import AdminClient
-    from kafka_delta_dev.produce import ensure_topics
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.monotonic() + 30
-    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ensure_topics(bootstrap, [topic], partitions)
-
-
 def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config_says(
     spark, kafka_bootstrap, new_topics, make_config
 ) -> None:
@@ -472,7 +457,7 @@ def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config
     Pipeline(spark, cfg).run()
     # The new topic holds more records than the old one's stored offset: Kafka's own check
     # (an offset past the end) cannot see that its first 10 records would be skipped.
-    _recreate(kafka_bootstrap, topic, 1)
+    recreate_topic(kafka_bootstrap, topic, 1)
     produce_events(kafka_bootstrap, [topic], 30, first_id=10)
     version = DeltaTable(cfg.delta.table).version()
 
@@ -503,7 +488,7 @@ def test_a_recreated_topic_read_from_its_start_keeps_its_dead_letters_and_verifi
     cfg = make_config([topic], engine=sink_engine, fail_on_data_loss=False)
     _generation(kafka_bootstrap, topic, 0, b"old bad")
     Pipeline(spark, cfg).run()
-    _recreate(kafka_bootstrap, topic, 1)
+    recreate_topic(kafka_bootstrap, topic, 1)
     _generation(kafka_bootstrap, topic, 100, b"new bad")
 
     Pipeline(spark, cfg).run()
@@ -523,7 +508,7 @@ def test_verify_names_a_dead_letter_of_a_recreated_topic_that_is_missing(
     cfg = make_config([topic], fail_on_data_loss=False)
     _generation(kafka_bootstrap, topic, 0, b"old bad")
     Pipeline(spark, cfg).run()
-    _recreate(kafka_bootstrap, topic, 1)
+    recreate_topic(kafka_bootstrap, topic, 1)
     _generation(kafka_bootstrap, topic, 100, b"new bad")
     Pipeline(spark, cfg).run()
     DeltaTable(cfg.dead_letter_table).delete("value = X'6e657720626164'")  # b"new bad"
@@ -554,7 +539,7 @@ def test_a_topic_recreated_after_log_cleanup_is_still_recognised_by_its_id(
     Pipeline(spark, cfg).run()
     _clean_up_the_log(cfg.delta.table)
     shutil.rmtree(cfg.checkpoint)
-    _recreate(kafka_bootstrap, topic, 1)
+    recreate_topic(kafka_bootstrap, topic, 1)
     produce_events(kafka_bootstrap, [topic], 30, first_id=10)
     version = DeltaTable(cfg.delta.table).version()
 
