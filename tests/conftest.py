@@ -1,11 +1,20 @@
 """The template repo's suite: every skip must be one this machine really has (tests/skips.py),
-and the heaviest tests start first, spread over the workers (``scripts/test`` runs two)."""
+the heaviest tests start first, spread over the workers (``scripts/test`` runs two), and the
+Spark JVMs the tests start map one class archive of Spark's classes, recorded once per run."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from kafka_delta.runtime import jvm_archive
 from skips import is_allowed
 
 # The heaviest tests, by the seconds each took in `scripts/test --durations` on a 2-core build
@@ -78,3 +87,95 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for nodeid, reason in vacuous:
             reporter.write_line(f"skipped on a machine that can run it: {nodeid}: {reason}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# What the recording JVM runs: a streaming query on a Python data source through Arrow, as a
+# pipeline run does, so that the classes a run loads are in the archive.
+RECORDING_RUN = textwrap.dedent(
+    """
+    import sys
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self):
+            return {"at": 0}
+        def latestOffset(self):
+            return {"at": 2}
+        def partitions(self, start, end):
+            return [InputPartition(i) for i in range(start["at"], end["at"])]
+        def read(self, partition):
+            yield (partition.value, b"x")
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls):
+            return "recording"
+        def schema(self):
+            return "id long, value binary"
+        def streamReader(self, schema):
+            return Reader()
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", sys.argv[1])
+        .getOrCreate()
+    )
+    spark.dataSource.register(Source)
+    frame = spark.readStream.format("recording").load()
+
+    def batch(df, batch_id):
+        df.mapInArrow(lambda batches: batches, df.schema).toArrow()
+
+    query = frame.writeStream.foreachBatch(batch).trigger(availableNow=True).start()
+    query.awaitTermination()
+    spark.stop()
+    """
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_class_archive() -> Iterator[Path]:
+    """One class archive of Spark's classes for every Spark JVM the tests start
+    (kafka_delta.runtime.jvm_archive): ``SPARK_CLASS_ARCHIVE`` names it for the whole session,
+    so the workers' own Spark sessions, ``python -m`` runs and ``scripts/run_local.sh`` map it
+    (about 2.5 s off each JVM's start) and none records one into the user's cache. It is kept in
+    the test environment (``.venv``); where there is none yet (a fresh clone, a new pyspark or
+    JDK), the first worker to get here records it (~20 s, once) and the other goes on: the JVMs
+    it starts meanwhile neither record nor map. test_jvm_archive.py, test_quick_start.py and the
+    benchmark name folders of their own."""
+    folder = Path(sys.prefix) / "spark-class-archive"
+    folder.mkdir(exist_ok=True)
+    env = {**os.environ, jvm_archive.ENV: str(folder)}
+    with (folder / ".lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _record(folder, env)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        except BlockingIOError:
+            pass  # the other worker records it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(jvm_archive.ENV, str(folder))
+        yield folder
+
+
+def _record(folder: Path, env: dict[str, str]) -> None:
+    """Record the archive, unless there is one (or another JVM records it now)."""
+    archive_key = jvm_archive.key(env)
+    options = jvm_archive.java_options(os.getpid(), env) if archive_key else []
+    if not options or not options[0].startswith("-XX:ArchiveClassesAtExit="):
+        return
+    try:
+        subprocess.run(
+            [sys.executable, "-c", RECORDING_RUN, jvm_archive.option_string(options)],
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return  # the archive only saves time: the tests run without it
+    # The JVM writes the archive as it exits, after the Python process that started it.
+    deadline = time.monotonic() + 120
+    while jvm_archive.promote(folder, archive_key) is None and time.monotonic() < deadline:
+        time.sleep(0.5)

@@ -15,14 +15,6 @@ from kafka_delta_dev.orders import TRANSFORM as ORDERS
 STANDIN = "kafka_delta_dev.spark_kafka_standin:SparkKafkaStandIn"
 
 
-@pytest.fixture(autouse=True)
-def _no_class_archive(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A project's scripts/run_local.sh, which some tests start, would record a ~150 MB class
-    archive of Spark's JVM classes into the user's cache as it exits
-    (kafka_delta.runtime.jvm_archive); test_jvm_archive.py tests that apart."""
-    monkeypatch.setenv("SPARK_CLASS_ARCHIVE", "off")
-
-
 @pytest.fixture
 def make_config(make_config) -> Callable[..., PipelineConfig]:
     """The plugin's ``make_config``, reading the sample order events (kafka_delta_dev.orders)

@@ -112,6 +112,33 @@ def test_options_record_first_then_map_the_archive_and_unused_archives_are_prune
     assert not stale.exists()
 
 
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_a_start_while_another_jvm_records_neither_records_nor_maps_and_python_runs_only_map(
+    tmp_path: Path,
+) -> None:
+    env = _env(tmp_path)
+    archive_key = jvm_archive.key(env)
+    assert archive_key is not None
+    folder = tmp_path / "archives"
+    folder.mkdir()
+    # A plain `python -m` run never records (pyspark starts its JVM: its pid is not known).
+    assert jvm_archive.mapping_options(env) == []
+    assert not list(folder.iterdir())
+
+    recording = jvm_archive.java_options(os.getpid(), env)  # this process: still running
+    assert recording[0].startswith("-XX:ArchiveClassesAtExit=")
+    # Two concurrent starts (two workers, two runs) record one archive, not two of ~150 MB.
+    assert jvm_archive.java_options(4243, env) == []
+    assert jvm_archive.mapping_options(env) == []
+    assert len(list(folder.glob("*.recording"))) == 1
+
+    (folder / f"spark-{archive_key}.{os.getpid()}.recording").write_bytes(DYNAMIC_MAGIC)
+    archive = f"-XX:SharedArchiveFile={folder}/spark-{archive_key}.jsa"
+    assert jvm_archive.mapping_options(env) == [archive]
+    assert jvm_archive.java_options(4243, env) == [archive]
+    assert jvm_archive.mapping_options({**env, jvm_archive.ENV: "off"}) == []
+
+
 def test_an_unwritable_folder_costs_the_archive_not_the_run(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -28,8 +28,12 @@ def connector_confs(jars_dir: str | None, packages: bool) -> dict[str, str]:
 
 
 def local_session(app_name: str, confs: dict[str, str] | None = None) -> SparkSession:
-    """The session (one per process: ``getOrCreate``), with ``confs`` on top."""
+    """The session (one per process: ``getOrCreate``), with ``confs`` on top. Its JVM maps the
+    class archive of Spark's classes that a local run recorded, if there is one
+    (:mod:`kafka_delta.runtime.jvm_archive`): ~2.5 s sooner."""
     from pyspark.sql import SparkSession
+
+    from kafka_delta.runtime import jvm_archive
 
     builder = (
         SparkSession.builder.master("local[2]")
@@ -42,6 +46,9 @@ def local_session(app_name: str, confs: dict[str, str] | None = None) -> SparkSe
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.databricks.delta.snapshotPartitions", "2")  # as conf/local.yaml
     )
+    if mapping := jvm_archive.mapping_options():
+        options = jvm_archive.option_string(mapping)
+        builder = builder.config("spark.driver.extraJavaOptions", options)
     for key, value in (confs or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

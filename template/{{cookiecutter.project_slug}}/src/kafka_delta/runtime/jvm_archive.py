@@ -18,7 +18,10 @@ The key names the JDK (its home, its class image, its base archive) and the JVM'
 archive. The JDK checks the archive itself at every start anyway: on any mismatch it prints one
 warning and runs without it, and a damaged file is ignored.
 
-Only local runs use it (``scripts/run_local.sh``, the benchmark): a Databricks job never calls this
+Only local runs use it: ``scripts/run_local.sh`` and the benchmark record and map it, a plain
+``python -m <package>`` run with a local master maps one that exists (:func:`mapping_options`;
+pyspark starts its JVM, whose process id is not known in advance, so it records none), and a
+start while another JVM records the archive does neither. A Databricks job never calls this
 module. ``SPARK_CLASS_ARCHIVE=off`` turns it off; ``SPARK_CLASS_ARCHIVE=<dir>`` keeps the archives
 in ``<dir>`` instead of ``${XDG_CACHE_HOME:-~/.cache}/spark-class-archive``. An archive not used
 for 30 days is deleted.
@@ -167,6 +170,8 @@ def java_options(pid: int, env: Mapping[str, str] = os.environ) -> list[str]:
         if archive is not None:
             os.utime(archive)
             return [f"-XX:SharedArchiveFile={archive}"]
+        if any(folder.glob(f"spark-{archive_key}.*.recording")):
+            return []  # another JVM, still running, records this archive: one is enough
         recording = folder / f"spark-{archive_key}.{pid}.recording"
         recording.touch()  # the folder takes files: the JVM replaces this one as it exits
         if shutil.disk_usage(folder).free < RECORD_FREE_BYTES:
@@ -176,6 +181,23 @@ def java_options(pid: int, env: Mapping[str, str] = os.environ) -> list[str]:
         print(f"jvm_archive: {folder}: {exc}; starting without a class archive", file=sys.stderr)
         return []
     return [f"-XX:ArchiveClassesAtExit={recording}", RECORD_LOGGING]
+
+
+def mapping_options(env: Mapping[str, str] = os.environ) -> list[str]:
+    """The JVM options that map the archive when one exists, else nothing: for a driver whose
+    process id is not known before it starts (a plain ``python -m`` run, where pyspark starts
+    the JVM), so it never records one; ``scripts/run_local.sh`` and the benchmark record."""
+    folder, archive_key = directory(env), key(env)
+    if folder is None or archive_key is None or not folder.is_dir():
+        return []
+    try:
+        archive = promote(folder, archive_key)
+        if archive is None:
+            return []
+        os.utime(archive)
+    except OSError:
+        return []
+    return [f"-XX:SharedArchiveFile={archive}"]
 
 
 def option_string(options: list[str]) -> str:

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from kafka_delta.config import PipelineConfig
+from kafka_delta.runtime import jvm_archive
 from kafka_delta.runtime.python_launcher import use_for_spark
 
 log = logging.getLogger(__name__)
@@ -14,7 +15,8 @@ log = logging.getLogger(__name__)
 def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
     logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
-    ``scripts/run_local.sh`` does for spark-submit."""
+    ``scripts/run_local.sh`` does for spark-submit; such a run with a local master also maps the
+    class archive of Spark's classes when one exists (:mod:`kafka_delta.runtime.jvm_archive`)."""
     # Spark's Python workers must run this interpreter, where the package is importable, and
     # import the installed, compiled pyspark rather than Spark's source zip (python_launcher).
     use_for_spark()
@@ -26,10 +28,15 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
         builder = builder.master(config.spark.master)
+        options = []
         if log4j_config is not None and log4j_config.is_file():
+            options.append(f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}")
+        if config.spark.master.startswith("local"):
+            # Spark's classes mapped from the class archive a local run recorded: ~2.5 s sooner.
+            options += jvm_archive.mapping_options()
+        if options:
             builder = builder.config(
-                "spark.driver.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}",
+                "spark.driver.extraJavaOptions", jvm_archive.option_string(options)
             )
     for key, value in config.spark.conf.items():
         builder = builder.config(key, value)
