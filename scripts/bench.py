@@ -22,7 +22,12 @@ Rows, each measured in its own process tree (records/s, wall seconds, start-up, 
 9. row 3 on those Avro events (fastavro);
 10. the ceiling: the pipeline's read path (Kafka read, decoding, hand-off, transform) to Spark's
     noop sink, nothing written; its process first takes Spark's floor (scripts/spark_floor's
-    queries, --floor-batches each), so one Spark start serves both.
+    queries, --floor-batches each), so one Spark start serves both;
+11. the pipeline writing two tables from one read (``tables:``: ``all``, and ``paid`` by
+    ``route: event_type = 'paid'``), exactly-once on, against the two single-table pipelines
+    that fill the same tables by reading the topic twice (every event; the paid orders alone),
+    all three last in the session's Spark session below (no Spark start of its own), on the
+    main rows' events and batch size. Every table is checked (``paid``: each paid order once).
 
 records/s is steady state: from the end of the first batch (row 1: from creating the consumers)
 to the end of the run, so JVM start, Python imports and warm-up are excluded; start-up is reported
@@ -41,12 +46,14 @@ The LAST line is machine-checkable (nan: not measured by this run, e.g. with --n
     bench: pipeline_rps=<X> simple_ingest_rps=<Z> ratio_to_simple=<X/Z> batch_fixed_s=<F> \
 us_per_record=<M> startup_s=<S> overhead_pct=<O> driver_rss_ratio=<R> delta_spark_rps=<D> \
 delta_spark_to_plain=<D/P> avro_ratio_to_simple=<A> pipeline_to_ceiling=<X/C> \
-startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB>
+startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB> two_tables_to_two_pipelines=<T>
 
 X, Z, D, P, C: rows 4, 3, 6, 7, 10; F, M: the sweep's fit at 4 partitions; S: row 4's start-up;
 O = (row 5 - row 4) / row 5 x 100; R = the Python driver's peak RSS with the largest
 --rss-batch-sizes batches over that with the smallest; A = row 8 / row 9; FF, FB: Spark's floor
-(first batch from process start, cost of a later batch), taken in row 10's process.
+(first batch from process start, cost of a later batch), taken in row 10's process; T = a
+record's steady cost in row 11 over its cost in the two single-table pipelines, 1/X11 /
+(1/Xall + 1/Xpaid): below 1, writing two tables from one read costs less.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ LAST_LINE = re.compile(
     rf"avro_ratio_to_simple=(?P<avro_ratio>{NUMBER}) "
     rf"pipeline_to_ceiling=(?P<to_ceiling>{NUMBER}) "
     rf"startup_over_floor_s=(?P<startup_over_floor>{NUMBER}) "
-    rf"fixed_over_floor_s=(?P<fixed_over_floor>{NUMBER})$"
+    rf"fixed_over_floor_s=(?P<fixed_over_floor>{NUMBER}) "
+    rf"two_tables_to_two_pipelines=(?P<fan_out>{NUMBER})$"
 )
 
 
@@ -96,7 +97,7 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
 
     table = _csv(tmp_path)
     main = [r for r in table if r["section"] == "main"]
-    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     # Rows 8 and 9: the same events as Confluent-framed Avro behind the development registry.
     rps = {int(r["row"]): float(r["records_per_s"]) for r in main if r["verified"] == "True"}
     assert figures["avro_ratio"] == pytest.approx(rps[8] / rps[9], rel=0.01), last
@@ -113,6 +114,15 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     assert figures["fixed_over_floor"] == pytest.approx(
         figures["fixed"] - floor["batch_s"], abs=2e-3
     ), last
+    # Row 11: two tables from one read, against two single-table pipelines reading twice, in
+    # the session; both sides' paid tables hold each paid order once (750 of 3000).
+    (fan_out,) = [r for r in main if r["row"] == "11"]
+    every, paid = float(fan_out["all_pipeline_rps"]), float(fan_out["paid_pipeline_rps"])
+    assert every > 0 and paid > 0, fan_out
+    assert int(fan_out["paid_pipeline_ids"]) == int(fan_out["two_tables_paid_ids"]) == 750
+    assert figures["fan_out"] == pytest.approx((1 / rps[11]) / (1 / every + 1 / paid), rel=0.01), (
+        last
+    )
     if jars:  # row 7: the plain foreachBatch write the delta-spark sink is measured against
         assert figures["delta_spark_to_plain"] == pytest.approx(rps[6] / rps[7], rel=0.01), last
     for row in main:
@@ -122,8 +132,9 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert row["verified"] == "True", row
         assert int(row["records"]) == int(row["rows_out"]) == 3000, row
         assert float(row["records_per_s"]) > 0, row
-        assert float(row["peak_rss_mb"]) > 0, row
-        if 2 <= int(row["row"]) <= 9:  # every Delta table holds each id exactly once
+        if row["row"] != "11":  # row 11 runs in the session's process: no RSS of its own
+            assert float(row["peak_rss_mb"]) > 0, row
+        if 2 <= int(row["row"]) <= 9 or row["row"] == "11":  # each id exactly once
             assert int(row["distinct_ids"]) == 3000, row
     for row in (r for r in main if int(r["row"]) in (4, 5, 6, 7, 8) and r["verified"] == "True"):
         assert float(row["startup_s"]) > 0, row
@@ -395,7 +406,7 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=nan delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan"
     )
     results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
     for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
@@ -412,7 +423,7 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=1.050 delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan"
     )
     results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
     assert "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan " in (
@@ -431,8 +442,15 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
     floor = {"floor_first_batch_s": 10.04, "floor_batch_s": 0.3}
     results.rows.append(rows.Row(10, "ceiling", 20_000, rps=120_000.0, verified=True, extra=floor))
     assert report.last_line(results).endswith(
-        "pipeline_to_ceiling=0.7500 startup_over_floor_s=2.3 fixed_over_floor_s=0.310"
+        "pipeline_to_ceiling=0.7500 startup_over_floor_s=2.3 fixed_over_floor_s=0.310 "
+        "two_tables_to_two_pipelines=nan"
     )
+    # Row 11: a record's cost in one pipeline into two tables over its cost in the two
+    # single-table pipelines that read it twice, (1/150k) / (1/200k + 1/400k) = 0.8889.
+    pipelines = {"all_pipeline_rps": 200_000.0, "paid_pipeline_rps": 400_000.0}
+    results.rows.append(rows.Row(11, "two tables", 20_000, rps=150_000.0, verified=True))
+    results.rows[-1].extra.update(pipelines)
+    assert report.last_line(results).endswith(" two_tables_to_two_pipelines=0.8889")
 
 
 def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path) -> None:
@@ -464,8 +482,8 @@ def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path)
 
 def test_options_refuse_rows_that_do_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.parse_args(["--rows", "4,11"])
-    assert "no row [11]" in capsys.readouterr().err
+        cli.parse_args(["--rows", "4,12"])
+    assert "no row [12]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.parse_args(["--floor-batches", "9"])
     assert "--floor-batches must be at least 10" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         "--rows",
         type=_int_list,
         default=sorted(ROW_NAMES),
-        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-10; the last line "
+        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-11; the last line "
         "shows nan for what was not measured)",
     )
     parser.add_argument(

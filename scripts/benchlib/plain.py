@@ -70,7 +70,7 @@ def plain_pipeline(base: type, txn: bool = False) -> type:
                 batch.release()
             self.summary.batches += 1
             self.summary.rows_written += rows
-            self.summary.batch_seconds.append(time.perf_counter() - started)
+            self.summary.batch_seconds.add(time.perf_counter() - started)
             # The progress line's head, as the pipeline logs it: start-up's "first batch" ends
             # at the first one (benchlib/startup.py).
             log.info("batch=%d rows_written=%d (plain append%s)", batch_id, rows, ", txn" * txn)
@@ -96,7 +96,7 @@ def noop_pipeline(base: type) -> type:
             rows = records_read(observation) or 0
             self.summary.batches += 1
             self.summary.rows_written += rows
-            self.summary.batch_seconds.append(time.perf_counter() - started)
+            self.summary.batch_seconds.add(time.perf_counter() - started)
             log.info("batch=%d rows_written=%d (noop sink)", batch_id, rows)
 
     return NoopPipeline

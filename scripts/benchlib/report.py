@@ -32,6 +32,7 @@ HEADLINE = {
     "pipeline_to_ceiling": "{:.4f}",
     "startup_over_floor_s": "{:.1f}",
     "fixed_over_floor_s": "{:.3f}",
+    "two_tables_to_two_pipelines": "{:.4f}",
 }
 
 
@@ -101,7 +102,21 @@ def headline(results: Results) -> dict[str, float]:
         "pipeline_to_ceiling": pipeline / _rps(rows, 10),
         "startup_over_floor_s": startup - floor.get("floor_first_batch_s", NAN),
         "fixed_over_floor_s": fixed - floor.get("floor_batch_s", NAN),
+        "two_tables_to_two_pipelines": two_tables_to_two_pipelines(rows),
     }
+
+
+def two_tables_to_two_pipelines(rows: dict[int, Row]) -> float:
+    """Row 11's ratio: what a record costs (steady seconds per record) in one pipeline writing
+    two tables, over what it costs in the two single-table pipelines that fill the same tables,
+    each reading it (every event; the paid orders alone), in the same session: below 1, the one
+    read is cheaper."""
+    fan_out = _rps(rows, 11)
+    extra = rows[11].extra if 11 in rows else {}
+    every, paid = extra.get("all_pipeline_rps") or NAN, extra.get("paid_pipeline_rps") or NAN
+    if math.isnan(fan_out) or every <= 0 or paid <= 0:
+        return NAN
+    return (1 / fan_out) / (1 / every + 1 / paid)
 
 
 def floor_text(row: Row) -> str:
@@ -169,6 +184,16 @@ def print_table(results: Results) -> None:
                 f"row {r.number} start-up {r.startup_s:.1f}s: "
                 + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items())
             )
+    by_number = {r.number: r for r in rows}
+    fan_out = by_number.get(11)
+    if fan_out is not None and fan_out.measured:
+        x = fan_out.extra
+        say(
+            f"row 11: two tables from one read {fan_out.rps:,.0f} records/s; two single-table "
+            f"pipelines reading the topic twice: {x['all_pipeline_rps']:,.0f} (every event) and "
+            f"{x['paid_pipeline_rps']:,.0f} (the paid orders alone) records/s; a record's cost, "
+            f"one read over two: {two_tables_to_two_pipelines(by_number):.2f}"
+        )
     for r in rows:
         if "floor_batch_s" in r.extra:
             where = f"scripts/spark_floor, first in row {r.number}'s process"

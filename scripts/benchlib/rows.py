@@ -21,6 +21,7 @@ ROW_NAMES = {
     8: "pipeline exactly-once on, Avro (delta-rs sink)",
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
     10: "ceiling: pipeline read path to Spark's noop sink",
+    11: "pipeline into two tables (all + paid by route)",
 }
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)
@@ -112,6 +113,22 @@ def verify_table(path: Path, expected: int) -> tuple[bool, int, int, str]:
         "" if ok else f" of {rows:,} rows, expected {expected:,}"
     )
     return ok, rows, distinct, message
+
+
+def verify_paid(path: Path, records: int) -> tuple[bool, int, str]:
+    """(ok, distinct ids, message): the table must hold the paid orders of ids 0..records-1
+    exactly once (kafka_delta_dev.produce: event i is EVENT_TYPES[i % 4], paid is 1)."""
+    from deltalake import DeltaTable
+
+    try:
+        ids = DeltaTable(str(path)).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+    except Exception as exc:
+        return False, 0, f"unreadable: {exc}"
+    want = set(range(1, records, 4))
+    ok = len(ids) == len(set(ids)) and set(ids) == want
+    found = f"{len(set(ids)):,} paid ids"
+    message = found if ok else f"{found} of {len(ids):,} rows, expected {len(want):,}"
+    return ok, len(set(ids)), message
 
 
 def summary_rows(rows: Sequence[Row]) -> list[Row]:

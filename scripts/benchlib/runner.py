@@ -25,7 +25,16 @@ from .report import (
     write_csv,
 )
 from .report import last_line as format_last_line
-from .rows import REPEATED, ROW_NAMES, Row, busy_rate, steady, time_split, verify_table
+from .rows import (
+    REPEATED,
+    ROW_NAMES,
+    Row,
+    busy_rate,
+    steady,
+    time_split,
+    verify_paid,
+    verify_table,
+)
 from .spark_run import BATCH
 from .sweep import steady_batch_cost
 
@@ -235,6 +244,7 @@ class Bench:
                 self._pipeline_figures(row, result, started, first_end, label)
             elif kind == "ceiling":
                 self._ceiling_figures(row, result, started)
+
             if len(batches) > 1:
                 row.extra["rss_after_first_batch_mb"] = _round(sampler.rss_mb_at(batches[0][0]))
                 row.extra["rss_after_last_batch_mb"] = _round(sampler.rss_mb_at(batches[-1][0]))
@@ -272,6 +282,78 @@ class Bench:
         row.extra["commit_back_ok"] = result.get("commit_back_ok")
         row.extra["commit_back_failed"] = result.get("commit_back_failed")
 
+    def fan_out_points(self) -> list[dict[str, Any]]:
+        """Row 11's runs, last in the session, on the main rows' events and batch size: one
+        pipeline writing two tables from one read (``all``, and ``paid`` by route), between the
+        two single-table pipelines that fill the same tables by reading the topic twice (every
+        event; the paid orders alone)."""
+        a = self.args
+        topic, _ = self.topic(a.records, a.partitions)
+        both = self.point("11-two-tables", topic, a.batch_size, role="fan_out", side="both")
+        where = Path(both.pop("table"))
+        both["tables"] = {
+            "all": {"path": str(where / "all")},
+            "paid": {"path": str(where / "paid"), "route": "event_type = 'paid'"},
+        }
+        return [
+            self.point("11-pipeline-all", topic, a.batch_size, role="fan_out", side="all"),
+            both,
+            self.point(
+                "11-pipeline-paid",
+                topic,
+                a.batch_size,
+                role="fan_out",
+                side="paid",
+                transform="benchlib.spark_run:paid_orders",
+                count_read=True,  # its rate counts the records it reads, as the others
+            ),
+        ]
+
+    def fan_out_row(self, points: dict[str, dict[str, Any]]) -> Row:
+        """Row 11 from its three runs: its records/s is the two-table pipeline's (records
+        read: the rows of ``all``); the two single-table pipelines' rates beside it. Every
+        table is checked: ``all`` tables each id once, ``paid`` tables each paid order once."""
+        a = self.args
+        r = Row(11, ROW_NAMES[11], a.records, a.batch_size, partitions=a.partitions)
+        r.note = "in the session's Spark session, after its other runs"
+        both = points["both"]
+        tables = {key: Path(value["path"]) for key, value in both["tables"].items()}
+        both["table"] = str(tables["all"])
+        both["rows"] = both["records_read"]  # the rows of `all`: the records read
+        self._point_row(r, both)
+        problems = [] if r.verified else [f"two tables: all: {r.check}"]
+        rates = {}
+        for side in ("all", "paid"):
+            run = points[side]
+            rates[side], _ = steady(run["batches"])
+            r.extra[f"{side}_pipeline_rps"] = round(rates[side], 1)
+            if side == "all":
+                ok, _, _, message = verify_table(Path(run["table"]), a.records)
+            else:
+                ok, found, message = verify_paid(Path(run["table"]), a.records)
+                r.extra["paid_pipeline_ids"] = found
+            if not ok:
+                problems.append(f"{side} pipeline: {message}")
+        ok, found, message = verify_paid(tables["paid"], a.records)
+        r.extra["two_tables_paid_ids"] = found
+        if not ok:
+            problems.append(f"two tables: paid: {message}")
+        if not a.keep_tables:
+            for path in (tables["all"].parent, points["all"]["table"], points["paid"]["table"]):
+                shutil.rmtree(path, ignore_errors=True)
+        if problems:
+            r.verified = False
+            r.check = "FAILED: " + "; ".join(problems)
+            self.problems.append(f"row 11 ({r.name}): {'; '.join(problems)}")
+        else:
+            r.check += f"; paid {found:,} paid ids"
+        say(
+            f"==> 11. {r.name}\n    {r.rps:,.0f} records/s steady into two tables; two "
+            f"single-table pipelines: {rates['all']:,.0f} (every event) and {rates['paid']:,.0f} "
+            f"(the paid orders alone) records/s, each reading the topic; {r.check}"
+        )
+        return r
+
     def _ceiling_figures(self, row: Row, result: dict[str, Any], started: float) -> None:
         """Row 10's process ran Spark's floor first (:func:`.spark_run.work_ceiling`): its
         figures, timed from this process's start as row 4's start-up is; the row's own start-up
@@ -306,7 +388,7 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5, 8, 10} | ({6, 7} if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8, 10, 11} | ({6, 7} if self.delta_jars()[0] else set())
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -490,6 +572,8 @@ class Bench:
             topic, _ = self.topic(a.many_batches * a.many_batch_size, a.partitions)
             label = f"many-{a.many_batches}"
             points.append(self.point(label, topic, a.many_batch_size, role="many"))
+        if 11 in a.rows:
+            points.extend(self.fan_out_points())
         return points
 
     def run_session(self) -> None:
@@ -524,6 +608,11 @@ class Bench:
                 f"{', '.join(f'{s:,}' for s in a.sweep_batch_sizes)} x partitions "
                 f"{', '.join(map(str, a.sweep_partitions))}, {a.sweep_records:,} records each"
             )
+        if 11 in a.rows:
+            say(
+                "==> 11: one pipeline into two tables, between two single-table pipelines "
+                "reading the topic twice (last in the session)"
+            )
         say("    (one Spark session runs them all in turn; its log: logs/session.log)")
         spec = self.session_spec(points=points)
         try:
@@ -532,6 +621,7 @@ class Bench:
             self.problems.append(str(exc))
             say(f"    {exc}")
             return
+        fan_out: dict[str, dict[str, Any]] = {}
         for point in result["points"]:
             if "error" in point:
                 self.problems.append(
@@ -544,8 +634,12 @@ class Bench:
                 self.results.memory.append(self._flat_row(point))
             elif point["role"] == "many":
                 self.results.scale.append(self._many_row(point))
+            elif point["role"] == "fan_out":
+                fan_out[point["side"]] = point
             else:
                 self.results.sweep.append(self._sweep_row(point))
+        if len(fan_out) == 3:
+            self.results.rows.append(self.fan_out_row(fan_out))
 
     def _sweep_row(self, point: dict[str, Any]) -> Row:
         topics = len(point.get("topics") or [point["topic"]])

@@ -1,4 +1,5 @@
-"""Workers that run the generated pipeline (rows 4-8 and 10, the sweep, the memory runs), each
+"""Workers that run the generated pipeline (rows 4-8 and 10; the sweep, the memory runs and row 11
+in one session), each
 in its own process started by :mod:`.procs`: the generated project's engine (its ``src/`` on the
 worker's PYTHONPATH) with the sample transform, kafka_delta_dev.orders (``TRANSFORM``). The
 engine itself is untouched: a subclass of its ``Pipeline`` records when each batch committed,
@@ -130,7 +131,7 @@ def _run_pipeline(
 
     settings: dict[str, Any] = {
         "pipeline_id": run["name"],
-        "transform": TRANSFORM,
+        "transform": run.get("transform") or TRANSFORM,
         "kafka": {
             "bootstrap_servers": spec["bootstrap"],
             "topics": run.get("topics") or [run["topic"]],
@@ -138,9 +139,14 @@ def _run_pipeline(
             "max_records_per_trigger": run["batch_size"],
             "client": dict(CLIENT),
         },
-        "delta": {"table": run["table"]},
         "checkpoint": run["checkpoint"],
     }
+    counted = None
+    if run.get("tables"):  # row 11: one stream into several tables (tables:)
+        settings["tables"] = run["tables"]
+        counted = next(iter(run["tables"]))  # the table that takes every record
+    else:
+        settings["delta"] = {"table": run["table"]}
     if run.get("engine"):
         settings["engine"] = run["engine"]
     if run.get("decoding"):
@@ -168,16 +174,26 @@ def _run_pipeline(
             log.info("stream started")
             return query
 
+        def _log_progress(self, p: Any) -> None:
+            self.last_progress = p
+            super()._log_progress(p)
+
         def _process_batch(self, df: Any, batch_id: int) -> None:
             rows_before, sink_before = self.summary.rows_written, in_sink[0]
             started = time.perf_counter()
             super()._process_batch(df, batch_id)
             elapsed = time.perf_counter() - started
             driver_mb, jvm_mb = probe.now()
+            rows = self.summary.rows_written - rows_before
+            if counted:  # of several tables, the records the batch read: the rows of `all`
+                rows = self.last_progress.tables[counted]["rows_written"] or 0
+            elif run.get("count_read"):  # a filtering transform: the records read
+                read = self.last_progress.records_read
+                rows = rows if read is None else read
             batches.append(
                 [
                     time.time(),
-                    self.summary.rows_written - rows_before,
+                    rows,
                     elapsed,
                     in_sink[0] - sink_before,
                     driver_mb,
@@ -186,9 +202,12 @@ def _run_pipeline(
             )
 
     pipeline = TimedPipeline(spark, config)
-    sink = getattr(pipeline, "sink", None)
-    if sink is not None and hasattr(sink, "commit_batch"):
-        sink.commit_batch = _timed(sink.commit_batch, in_sink)
+    sinks = [t.engine.sink for t in getattr(pipeline, "tables", [])] or [
+        getattr(pipeline, "sink", None)
+    ]
+    for sink in sinks:  # every table's sink, for a pipeline of several
+        if sink is not None and hasattr(sink, "commit_batch"):
+            sink.commit_batch = _timed(sink.commit_batch, in_sink)
     if not exactly_once and not run.get("noop"):
         pipeline.append = _timed(plain_append, in_sink)
     begin = time.time()
@@ -196,6 +215,7 @@ def _run_pipeline(
     stats = getattr(summary, "commit_back", None)
     return {
         "rows": summary.rows_written,
+        "records_read": sum(b[1] for b in batches),
         "begin": begin,
         "end": time.time(),
         "batches": batches,
@@ -242,6 +262,15 @@ def work_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
         _stop(spark)
     result["floor"] = {"session_ready_at": session_ready, **floor}
     return result
+
+
+def paid_orders(df: Any) -> Any:
+    """The sample transform, then only the paid orders: row 11's ``paid`` table, written by a
+    pipeline of its own (``benchlib.spark_run:paid_orders``, the bench's scripts/ on the path)."""
+    from kafka_delta_dev.orders import transform
+    from pyspark.sql import functions as F
+
+    return transform(df).where(F.col("event_type") == "paid")
 
 
 def _stop(spark: Any) -> float | None:

@@ -3,7 +3,10 @@ record (a column expression) and by a transform that returns one DataFrame per t
 table's commits carry their own txnAppId and the offsets of what it received; a crash between
 two tables' commits of one batch and a lost checkpoint after the tables stopped at different
 batches leave every table exact; the consumer group holds, per partition, the minimum over the
-tables that read it. Real broker, real tables, real Spark."""
+tables that read it; tombstones are each table's own; a table added to a pipeline that already
+ran joins where the pipeline stands, one removed no longer holds the group back, one deleted
+stops the run. Each test runs on both sinks (the delta-spark variant skips where its jars are
+missing). Real broker, real tables, real Spark."""
 
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import parse_user_metadata
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.metrics import PrometheusMetrics
+from kafka_delta.recovery.checkpoint import CheckpointMismatchError
 from kafka_delta.runtime.faults import armed
 from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+from kafka_delta_dev.debezium import produce_records
 from kafka_delta_dev.orders import transform as orders_transform
 from kafka_delta_dev.produce import EVENT_TYPES, produce_events, produce_values
 from pyspark.sql import functions as F
@@ -39,11 +44,21 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 PAID = EVENT_TYPES.index("paid")
 
 
-def _tables(make_config, topics: list[str], tables: dict[str, dict], **kafka) -> PipelineConfig:
-    """A config of ``tables:`` (no ``delta:``) on fresh paths, against the test broker."""
-    base = make_config(topics, **kafka)
+def _tables(
+    make_config,
+    topics: list[str],
+    tables: dict[str, dict],
+    engine: dict[str, str] | None = None,
+    decoding: dict | None = None,
+    **kafka,
+) -> PipelineConfig:
+    """A config of ``tables:`` (no ``delta:``) on fresh paths, against the test broker, on
+    ``engine`` (default: the embedded one)."""
+    base = make_config(topics, engine=engine or "embedded", **kafka)
     data = base.model_dump()
     del data["delta"]
+    if decoding is not None:
+        data["decoding"] = decoding
     root = Path(base.delta.table).parent
     data["tables"] = {name: {"path": str(root / name), **spec} for name, spec in tables.items()}
     return PipelineConfig.model_validate(data)
@@ -88,7 +103,7 @@ def _cli(config: Path, capsys, *args: str) -> tuple[int, str]:
 
 
 def test_topic_routing_lands_each_topic_in_its_table_once_through_a_crash_between_tables(
-    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys, caplog
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys, caplog
 ) -> None:
     orders, payments = new_topics(2, partitions=2)
     produce_events(kafka_bootstrap, [orders], 200)
@@ -97,6 +112,7 @@ def test_topic_routing_lands_each_topic_in_its_table_once_through_a_crash_betwee
         make_config,
         [orders, payments],
         {"orders": {"topics": [orders]}, "payments": {"topics": [payments]}},
+        engine=sink_engine,
     )
     first, second = cfg.table_configs()
     metrics = PrometheusMetrics(cfg.pipeline_id, textfile=tmp_path / "metrics.prom")
@@ -183,7 +199,7 @@ def test_topic_routing_lands_each_topic_in_its_table_once_through_a_crash_betwee
 
 
 def test_record_routing_after_a_lost_checkpoint_with_the_tables_at_different_batches(
-    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys
 ) -> None:
     topics = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, topics, 400)
@@ -192,6 +208,7 @@ def test_record_routing_after_a_lost_checkpoint_with_the_tables_at_different_bat
         make_config,
         topics,
         {"all": {}, "paid": {"route": "event_type = 'paid'"}},
+        engine=sink_engine,
         max_records_per_trigger=100,
     )
     every, paid = cfg.table_configs()
@@ -236,7 +253,7 @@ def _bronze_and_silver(df):
 
 
 def test_a_transform_returning_one_dataframe_per_table_fills_each_once(
-    spark, kafka_bootstrap, new_topics, make_config
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine
 ) -> None:
     topics = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, topics, 200)
@@ -244,6 +261,7 @@ def test_a_transform_returning_one_dataframe_per_table_fills_each_once(
         make_config,
         topics,
         {"bronze": {}, "silver": {"mode": "upsert", "merge_keys": ["id"]}},
+        engine=sink_engine,
         max_records_per_trigger=120,
     )
     bronze, silver = cfg.table_configs()
@@ -302,6 +320,29 @@ def test_tables_config_is_validated_and_read_from_a_file(tmp_path: Path) -> None
             load_config(conf / "bad.yaml")
 
 
+def test_the_run_command_refuses_table(tmp_path: Path, capsys) -> None:
+    """The run command reads the topics once for every table: ``--table`` (which the offsets
+    and table commands take) is refused in one sentence before anything starts."""
+    conf = tmp_path / "local.yaml"
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline_id": "shop",
+                "kafka": {
+                    "bootstrap_servers": "127.0.0.1:9",
+                    "topics": ["o"],
+                    "consumer_group": "g",
+                },
+                "tables": {"a": {"path": "a"}, "b": {"path": "b"}},
+                "checkpoint": "cp",
+            }
+        )
+    )
+    status, out = _cli(conf, capsys, "--table", "a")
+    assert status == 2 and "the run command writes every table" in out, out
+    assert not (tmp_path / "cp").exists()
+
+
 # main before `tables:` existed: the engine that wrote the tables users have today.
 OLD_MAIN = "c0cce047c21385317195c80946b7671794999d0e"
 ENGINE_SRC = "template/{{cookiecutter.project_slug}}/src"
@@ -358,8 +399,9 @@ def test_a_table_written_before_tables_existed_runs_on_unchanged(
     produce_events(kafka_bootstrap, topics, 300)
     cfg = make_config(topics, max_records_per_trigger=100)
     old = _old_engine(tmp_path / "old")
-    data = cfg.model_dump(mode="json")
-    data.pop("tables")  # the old engine's config has no such key
+    # The keys the old engine's config had: what the user's config file held then.
+    data = cfg.model_dump(mode="json", exclude_defaults=True)
+    data.pop("tables", None)
     result = subprocess.run(
         [sys.executable, "-c", OLD_RUN, json.dumps(data), str(old)],
         env={**os.environ, "PYTHONPATH": str(old), "PYSPARK_PYTHON": sys.executable},
@@ -379,3 +421,121 @@ def test_a_table_written_before_tables_existed_runs_on_unchanged(
     assert_offsets_agree(cfg)
     # It went on with that checkpoint (not set aside as one the table moved past).
     assert not list(Path(cfg.checkpoint).parent.glob("*.set-aside-*"))
+
+
+def test_tombstones_are_each_tables_own(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path
+) -> None:
+    """One topic read by two upsert tables: a tombstone deletes its key in the table whose
+    ``tombstones`` is ``delete``, and is a dead letter ("value is null", with its key) in the
+    one whose setting is ``dead_letter``, as a pipeline of that table alone writes it."""
+    (topic,) = new_topics(1, partitions=1)
+    (tmp_path / "value.ddl").write_text("id BIGINT, name STRING")
+    (tmp_path / "key.ddl").write_text("id BIGINT")
+
+    def key(i: int) -> bytes:
+        return json.dumps({"id": i}).encode()
+
+    rows = [(0, key(i), json.dumps({"id": i, "name": f"n{i}"}).encode()) for i in range(4)]
+    produce_records(kafka_bootstrap, topic, [*rows, (0, key(1), None)])  # then id 1's tombstone
+    upsert = {"mode": "upsert", "merge_keys": ["id"]}
+    cfg = _tables(
+        make_config,
+        [topic],
+        {"live": {**upsert, "tombstones": "delete"}, "kept": upsert},
+        engine=sink_engine,
+        transform=None,
+        decoding={
+            "value": {"format": "json", "schema_file": str(tmp_path / "value.ddl")},
+            "key": {"format": "json", "schema_file": str(tmp_path / "key.ddl")},
+        },
+    )
+    live, kept = cfg.table_configs()
+    Pipeline(spark, cfg).run()
+
+    assert sorted(_ids(live)) == [0, 2, 3]
+    assert sorted(_ids(kept)) == [0, 1, 2, 3]
+    (dead,) = DeltaTable(kept.dead_letter_table).to_pyarrow_table().to_pylist()
+    assert (dead["error"], dead["key"], dead["value"]) == ("value is null", key(1), None)
+    assert not Path(live.dead_letter_table).exists()
+
+
+def test_a_table_added_joins_where_the_pipeline_stands_one_removed_or_deleted_is_told_apart(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, caplog
+) -> None:
+    """A table added to a pipeline that already ran (on its checkpoint, through a crash before
+    its first commit, or after the checkpoint was lost) receives records from where the
+    pipeline stands, says so, and is filled with the earlier ones once it and the checkpoint are
+    deleted; a table removed from the config no longer holds the group back and, listed again,
+    catches up; a table deleted stops the run with that sentence."""
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 200)
+    single = make_config(topics, engine=sink_engine)  # today's pipeline of one table
+    Pipeline(spark, single).run()
+    root = Path(single.delta.table).parent
+
+    def adding(**tables: str) -> PipelineConfig:
+        """The same pipeline and checkpoint, its table first under tables:, then ``tables``
+        (name: the event type it takes)."""
+        data = single.model_dump()
+        del data["delta"]
+        data["tables"] = {"all": {"path": single.delta.table}} | {
+            name: {"path": str(root / name), "route": f"event_type = '{kind}'"}
+            for name, kind in tables.items()
+        }
+        return PipelineConfig.model_validate(data)
+
+    def kind(ids: range, event: str) -> set[int]:
+        return {i for i in ids if EVENT_TYPES[i % len(EVENT_TYPES)] == event}
+
+    # Added on the checkpoint the pipeline has; the run dies before its first commit.
+    produce_events(kafka_bootstrap, topics, 100, first_id=200)
+    cfg = adding(paid="paid")
+    every, paid = cfg.table_configs()
+    with armed("between_tables"), pytest.raises(Exception, match="between_tables"):
+        Pipeline(spark, cfg).run()
+    with caplog.at_level(logging.INFO, logger="kafka_delta.pipeline"):
+        Pipeline(spark, cfg).run()
+    assert "table paid is new to pipeline" in caplog.text
+    _exact(every, set(range(300)))
+    _exact(paid, kind(range(200, 300), "paid"))
+    _group_is_the_minimum(cfg)
+
+    # Added after the checkpoint was lost: it joins where the other tables stand.
+    shutil.rmtree(cfg.checkpoint)
+    produce_events(kafka_bootstrap, topics, 100, first_id=300)
+    cfg = adding(paid="paid", shipped="shipped")
+    every, paid, shipped = cfg.table_configs()
+    Pipeline(spark, cfg).run()
+    _exact(every, set(range(400)))
+    _exact(paid, kind(range(200, 400), "paid"))
+    _exact(shipped, kind(range(300, 400), "shipped"))
+
+    # The earlier records, into that table alone: delete it and the checkpoint; the new
+    # checkpoint reads from the start for it, and the other tables skip what they hold.
+    shutil.rmtree(shipped.delta.table)
+    shutil.rmtree(cfg.checkpoint)
+    Pipeline(spark, cfg).run()
+    _exact(every, set(range(400)))
+    _exact(paid, kind(range(200, 400), "paid"))
+    _exact(shipped, kind(range(400), "shipped"))
+    _group_is_the_minimum(cfg)
+
+    # Removed from the config: its table stays as it is, and the group follows the others.
+    produce_events(kafka_bootstrap, topics, 40, first_id=400)
+    cfg = adding(paid="paid")
+    Pipeline(spark, cfg).run()
+    _exact(every, set(range(440)))
+    _group_is_the_minimum(cfg)
+    _exact(shipped, kind(range(400), "shipped"))
+    # Listed again: it catches up from where it stopped; the others skip what they hold.
+    cfg = adding(paid="paid", shipped="shipped")
+    Pipeline(spark, cfg).run()
+    _exact(every, set(range(440)))
+    _exact(paid, kind(range(200, 440), "paid"))
+    _exact(shipped, kind(range(440), "shipped"))
+
+    # Deleted: named by the other table's commits, it holds nothing: the run stops.
+    shutil.rmtree(paid.delta.table)
+    with pytest.raises(CheckpointMismatchError, match=r"paid holds no offsets .* deleted or"):
+        Pipeline(spark, cfg).run()

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> int:
     # it back to run(): an expected outcome is reported once, in one sentence, by _failed.
     logging.getLogger("py4j.clientserver").addFilter(_not_expected)
     try:
-        config = build_config(args)
+        config = build_config(args, every_table=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> int:
         stats.succeeded if stats else "off",
         stats.failed if stats else "off",
         f"{stats.mean_commit_ms:.1f}" if stats else "off",
-        sum(summary.commit_back_ms) / len(summary.commit_back_ms)
-        if summary.commit_back_ms
-        else 0.0,
+        summary.commit_back_ms.mean,
     )
     return 0
 

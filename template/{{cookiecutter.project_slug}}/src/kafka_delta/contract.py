@@ -44,6 +44,14 @@ debezium``: Debezium's ``op``, ``c`` ``u`` ``r`` or ``d``) or a tombstone (``d``
 other value upserts it; the column itself is never written to an upsert table (a transform may
 set it too). In append mode it is a column like any other: the table keeps every change."""
 
+KEY_DELETE_COLUMN = "_key_delete"
+"""The engine's own mark, never seen by a transform: the decoder sets it (when a table of the
+pipeline has ``tombstones: delete``) on each row it read as a delete of its key (a tombstone, or
+a Debezium delete without ``before``), holding the error that row is a dead letter with for a
+table whose ``tombstones`` is ``dead_letter``. The records are decoded once for every table;
+before a table's transform runs, the table's own setting decides (:func:`kafka_delta.routing.
+key_deletes`) and the column is dropped."""
+
 VALUE_FIELD_PREFIX = "value_"
 """A value's field named like a column the decoder adds (``key``, ``topic``, ``partition``,
 ``offset``, ``timestamp``, ``timestampType``, ``headers``, ``_error``, ``_raw_key``,

@@ -75,7 +75,13 @@ def build_engine(
 
         return Engine(
             source=source,
-            sink=DeltaRsSink(config.delta.table, config.pipeline_id, options, mode=mode),
+            sink=DeltaRsSink(
+                config.delta.table,
+                config.pipeline_id,
+                options,
+                mode=mode,
+                spark_writes_files=config.delta.file_writer == "spark",
+            ),
             offset_store=DeltaRsOffsetStore(config.delta.table, config.pipeline_id, options),
             dead_letter_sink=(
                 DeltaRsSink(dead_table, config.pipeline_id, options) if dead_table else None

@@ -48,11 +48,15 @@ from kafka_delta.offsets.topic_identity import (
 from kafka_delta.progress.batch import BatchProgress, ProgressListener
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
-from kafka_delta.recovery.verdict import combined, judge, set_aside
+from kafka_delta.recovery.verdict import Verdict, combined, judge, set_aside
 from kafka_delta.routing import (
     TableRun,
     floors,
     group_offsets,
+    joined_at,
+    key_deletes,
+    new_tables,
+    readded_tables,
     restrict,
     share,
     stream_start,
@@ -115,6 +119,28 @@ def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
         return None
 
 
+class Tally:
+    """A run's figures of one kind as a count and a total: the same size after a million
+    batches as after one."""
+
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def __repr__(self) -> str:
+        return f"Tally(count={self.count}, total={self.total})"
+
+
 @dataclass
 class RunSummary:
     batches: int = 0
@@ -124,8 +150,9 @@ class RunSummary:
     last_delta_version: int | None = None
     end_offsets: Offsets = field(default_factory=dict)
     commit_back: CommitBackStats | None = None
-    commit_back_ms: list[float] = field(default_factory=list)
-    batch_seconds: list[float] = field(default_factory=list)
+    # Constant-size: a long run's driver keeps no figure per batch.
+    commit_back_ms: Tally = field(default_factory=Tally)
+    batch_seconds: Tally = field(default_factory=Tally)
 
 
 def _per_table(p: BatchProgress) -> str:
@@ -226,18 +253,34 @@ class Pipeline:
             held = run.engine.offset_store.read(lambda run=run: self.admin.partitions(run.topics))
             if len(self.tables) > 1:  # of several tables, each stands for its own topics
                 held = restrict(held, run.topics)
-            if held is None and self.checkpoint.has_progress():
+            found.append(held)
+            run.initial = held.offsets if held is not None else {}
+        # A table with no commit of the pipeline is new to it, or was deleted (kafka_delta.routing)
+        new = new_tables(self.tables, found, self.config.pipeline_id, self._finished)
+        for run, held in zip(self.tables, found, strict=True):
+            run.joining = new is not None and run.name in new
+            if held is None and not run.joining and self.checkpoint.has_progress():
+                unknown = (
+                    ", or is new to it (the other tables' commits that would tell are cleaned "
+                    "up from their logs)"
+                    if new is None
+                    else ""
+                )
                 raise CheckpointMismatchError(
                     f"checkpoint {self.config.checkpoint} has committed batches, but table "
                     f"{run.config.delta.table} holds no offsets of pipeline "
-                    f"{self.config.pipeline_id!r}: the table was deleted or replaced. Restore "
-                    "the table, or delete the checkpoint to re-read from "
+                    f"{self.config.pipeline_id!r}: the table was deleted or replaced{unknown}. "
+                    "Restore the table, or delete the checkpoint to re-read from "
                     f"{self.config.kafka.starting_offsets} offsets."
                 )
-            found.append(held)
-            run.initial = held.offsets if held is not None else {}
-        # Where a new checkpoint starts: the table furthest behind, per partition.
-        stored = stream_start(self.tables, found)
+        # Where a new checkpoint starts: the table furthest behind, per partition (a table new
+        # to the pipeline joins where the others stand).
+        staying = [(r, h) for r, h in zip(self.tables, found, strict=True) if not r.joining]
+        stored = stream_start(
+            [r for r, _ in staying],
+            [h for _, h in staying],
+            lambda parts: self.admin.watermarks(parts).earliest,
+        )
         self._topic_ids = self.admin.topic_ids(self.config.kafka.topics)
         recreated = recreated_topics(stored, self._topic_ids)
         if stored is not None and recreated:
@@ -263,18 +306,25 @@ class Pipeline:
             return forgotten
         # Each table judges the checkpoint by the one rule; one that must stop stops the run,
         # one that sets it aside sets it aside (the new checkpoint starts from the tables).
-        verdict = combined(
-            {
-                run.name: judge(
-                    self.checkpoint,
-                    held,
-                    self.config.pipeline_id,
-                    run.engine.offset_store.commit_version,
-                    run.name if len(self.tables) > 1 else None,
+        verdicts = {
+            run.name: judge(
+                self.checkpoint,
+                held,
+                self.config.pipeline_id,
+                run.engine.offset_store.commit_version,
+                run.name if len(self.tables) > 1 else None,
+            )
+            for run, held in zip(self.tables, found, strict=True)
+        }
+        # A table removed from tables: for a while and back stands where it stopped, behind a
+        # checkpoint that went on without it: that explains the checkpoint (kafka_delta.routing).
+        for name in readded_tables(self.tables, found, self.config.pipeline_id, self._finished):
+            if verdicts[name].action == "stop":
+                verdicts[name] = Verdict(
+                    "set_aside",
+                    f"table {name} is back in tables: and stands where it stopped, behind it",
                 )
-                for run, held in zip(self.tables, found, strict=True)
-            }
-        )
+        verdict = combined(verdicts)
         if verdict.action == "stop":
             raise CheckpointMismatchError(verdict.reason)
         if verdict.action == "set_aside":
@@ -284,6 +334,14 @@ class Pipeline:
             # offsets are kept for a re-add), and a new checkpoint starts from the table.
             self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
         return stored
+
+    def _finished(self, commit: BatchCommit, table: str | None) -> bool:
+        """Whether this checkpoint completed the batch of a table's ``commit`` (a commit of
+        another checkpoint counts as completed)."""
+        query_id = self.checkpoint.query_id()
+        if query_id is None or commit.app_id != app_id(self.config.pipeline_id, query_id, table):
+            return True
+        return self.checkpoint.is_committed(commit.batch_id)
 
     def _subscription_the_plan_cannot_follow(self, stored: StoredOffsets) -> str | None:
         """Why the checkpoint cannot go on with today's ``kafka.topics`` on a source that does
@@ -407,6 +465,22 @@ class Pipeline:
                     "below are not written again",
                     run.label,
                     run.floor,
+                )
+            if run.joining:
+                log.info(
+                    "table %s is new to pipeline %r: it receives records from where the "
+                    "pipeline stands on (%s); earlier records are not backfilled (to read them "
+                    "into it: stop the pipeline, delete table %s and the checkpoint, and run: "
+                    "the other tables skip what they hold)",
+                    run.label,
+                    self.config.pipeline_id,
+                    ", ".join(
+                        f"{t}[{p}] {o}"
+                        for t, parts in sorted(run.restrict(self._initial).items())
+                        for p, o in sorted(parts.items())
+                    )
+                    or "the checkpoint's position",
+                    run.config.delta.table,
                 )
         self._log_resume_point(stored)
         if self.committer is None and self.config.commit_back.enabled:
@@ -638,8 +712,14 @@ class Pipeline:
                     rewound=tuple(tp for tp in commit.rewound if tp[0] in t_end),
                     rewound_from=run.restrict(commit.rewound_from or {}) or None,
                 )
-            firsts = self._first_positions(t_start, run.known)
+            firsts = (
+                joined_at(t_start, run.known)  # new to the pipeline: from where the stream is
+                if run.joining
+                else self._first_positions(t_start, run.known)
+            )
             t_commit = t_commit.starting_at(t_start)  # recorded for `offsets verify`
+            if several:  # the pipeline's tables, named in each table's commit (routing)
+                t_commit = replace(t_commit, tables=tuple(str(r.name) for r in self.tables))
             replayed = run.engine.sink.check(t_commit, t_start, firsts)
             shares.append((run, t_commit, t_start, firsts, skipped, replayed))
         # Of several tables, the batch's records are read from Kafka once, for all of them.
@@ -659,6 +739,9 @@ class Pipeline:
                     records = without_held(
                         table_input(source, run, self.config.kafka.topics), skipped
                     )
+                # Rows read as deletes of their key: deletes or dead letters, by the table's own
+                # tombstones setting.
+                records = key_deletes(records, run)
                 out = (
                     table_output(self.transform, records, run, [r.name for r in self.tables])
                     if self.config.tables  # routes and a transform's mapping (tables:)
@@ -684,6 +767,8 @@ class Pipeline:
                     batch.release()
                 dead_sent += sent
                 results.append((run, result, sent))
+                if result.written:
+                    run.joining = False
         finally:
             if source is not observed:
                 source.unpersist()
@@ -725,8 +810,8 @@ class Pipeline:
             self._recreated = set()  # the recreated topics' offsets are the new ones from now
         for topic, parts in group.items():
             self._known.setdefault(topic, {}).update(parts)
-        summary.commit_back_ms.append(hook_ms)
-        summary.batch_seconds.append(elapsed)
+        summary.commit_back_ms.add(hook_ms)
+        summary.batch_seconds.add(elapsed)
         read = 0 if observation is None else records_read(observation)
         progress = self._progress(batch_id, read, result, dead_sent, end, elapsed, hook_ms)
         if several:

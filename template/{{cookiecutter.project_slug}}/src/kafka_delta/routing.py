@@ -26,12 +26,32 @@ checkpoint after tables stopped at different batches), the rules below keep ever
   and its commit starts exactly where it stores (the fencing rule is unchanged).
 
 The consumer group's committed offset of a partition is the minimum over the tables that read
-it (:func:`group_offsets`): what is not yet in every table shows as lag.
+it (:func:`group_offsets`): what is not yet in every table shows as lag. A table no longer in the
+config stays as it is, and no longer counts: neither for the group nor for where a new
+checkpoint starts.
+
+A table added to a pipeline that already ran (:func:`new_tables`): each table's commits name
+the pipeline's tables as of their batch (:attr:`.offsets.model.BatchCommit.tables`). A table
+that holds no commit of the pipeline is new when no other table's newest commit names it: it
+joins where the stream stands (on the checkpoint it has, or where a new one starts from the
+other tables), and earlier records are not backfilled. A table they name and that holds nothing
+was deleted or replaced: on the checkpoint that wrote it, the run stops with that sentence, as
+for a pipeline of one table; on a new checkpoint, it is read again from the rule of first reads
+while the other tables skip what they hold (which is also how a table added later is filled
+with the earlier records: delete it and the checkpoint). A table that holds commits and that the
+others' newest commits leave out was removed from ``tables:`` for a while and is back
+(:func:`readded_tables`): it stands where it stopped, so a checkpoint that went on without it is
+set aside and the run resumes from the tables, where it catches up and the others skip what
+they hold.
+
+Tombstones (``tombstones:``) are each table's own: the records are decoded once, a row read as a
+delete of its key carries the error it has where tombstones are dead letters, and each table
+takes it as its setting says (:func:`key_deletes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 
@@ -39,9 +59,16 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kafka_delta.config import PipelineConfig
-from kafka_delta.contract import DEAD_LETTER_COLUMN, Transform
+from kafka_delta.contract import (
+    DEAD_LETTER_COLUMN,
+    KEY_DELETE_COLUMN,
+    OP_COLUMN,
+    RAW_KEY,
+    RAW_VALUE,
+    Transform,
+)
 from kafka_delta.engine import Engine
-from kafka_delta.offsets.model import Offsets, StoredOffsets
+from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, parse_user_metadata
 from kafka_delta.sinks.dead_letters import DeadLetterQueue
 
 
@@ -63,6 +90,9 @@ class TableRun:
     # Partitions where the table stood further on than the stream starts (a lost checkpoint
     # after the tables stopped at different batches): it holds every record below.
     floor: Offsets = field(default_factory=dict)
+    # New to the pipeline (new_tables), until its first commit: its first batch starts where
+    # the stream stands, not by the rule of first reads.
+    joining: bool = False
 
     @property
     def name(self) -> str | None:
@@ -87,16 +117,23 @@ def restrict(offsets: StoredOffsets | None, topics: Sequence[str]) -> StoredOffs
     return replace(offsets, offsets={t: dict(p) for t, p in offsets.offsets.items() if t in topics})
 
 
-def stream_start(tables: Sequence[TableRun], found: Sequence[StoredOffsets | None]):
+def stream_start(
+    tables: Sequence[TableRun],
+    found: Sequence[StoredOffsets | None],
+    earliest: Callable[[dict[str, list[int]]], Offsets] | None = None,
+):
     """Where the stream resumes when its checkpoint is new: per partition, the lowest offset
-    the tables that read it store (a partition one of them stores nothing for is left out: it
-    starts by the rule of first reads). One table: its stored offsets as they are."""
+    the tables that read it store; a partition one of them stores nothing for starts by the rule
+    of first reads once the pipeline stored offsets: at Kafka's ``earliest`` (asked only for
+    such partitions), so the tables that store it skip what they hold. One table: its stored
+    offsets as they are."""
     if len(tables) == 1:
         return found[0]
     present = [s for s in found if s is not None]
     if not present:
         return None
     offsets: Offsets = {}
+    first_reads: dict[str, list[int]] = {}
     partitions = {(t, p) for s in present for t, parts in s.offsets.items() for p in parts}
     for t, p in sorted(partitions):
         held = [
@@ -106,10 +143,104 @@ def stream_start(tables: Sequence[TableRun], found: Sequence[StoredOffsets | Non
         ]
         if held and all(o is not None for o in held):
             offsets.setdefault(t, {})[p] = min(o for o in held if o is not None)
+        elif held:
+            first_reads.setdefault(t, []).append(p)
+    if first_reads and earliest is not None:
+        for t, parts in earliest(first_reads).items():
+            for p, o in parts.items():
+                offsets.setdefault(t, {})[p] = o
     ids: dict[str, str] = {}
     for s in present:
         ids.update(s.topic_ids or {})
     return replace(present[0], offsets=offsets, topic_ids=ids or None)
+
+
+def new_tables(
+    tables: Sequence[TableRun],
+    found: Sequence[StoredOffsets | None],
+    pipeline_id: str,
+    finished: Callable[[BatchCommit, str | None], bool],
+) -> set[str | None] | None:
+    """The tables new to the pipeline: those that hold no commit of it (``found`` None) and
+    that no other table's newest commit names. None when that cannot be told: a table holding
+    offsets whose newest commit log cleanup removed. ``finished(commit, table)``: whether the
+    checkpoint completed the batch of ``commit`` (a table's commit of a batch the run died in,
+    before a new table's first commit, names a table that never committed)."""
+    holding = [(run, held) for run, held in zip(tables, found, strict=True) if held is not None]
+    if len(tables) < 2 or not holding or len(holding) == len(tables):
+        return set()
+    named = _named(holding, pipeline_id, finished)
+    if named is None:
+        return None
+    return {
+        run.name
+        for run, held in zip(tables, found, strict=True)
+        if held is None and not any(run.name in n for n in named.values())
+    }
+
+
+def readded_tables(
+    tables: Sequence[TableRun],
+    found: Sequence[StoredOffsets | None],
+    pipeline_id: str,
+    finished: Callable[[BatchCommit, str | None], bool],
+) -> set[str | None]:
+    """The tables that hold commits of the pipeline but that the other tables' newest commits,
+    naming the pipeline's tables, leave out: removed from ``tables:`` for a while and listed
+    again (they stand where they stopped; the others moved on)."""
+    holding = [(run, held) for run, held in zip(tables, found, strict=True) if held is not None]
+    named = _named(holding, pipeline_id, finished) if len(holding) > 1 else None
+    if not named:
+        return set()
+    back = set()
+    for run, _ in holding:
+        others = [n for name, n in named.items() if name != run.name and n]
+        if others and all(run.name not in n for n in others):
+            back.add(run.name)
+    return back
+
+
+def _named(
+    holding: Sequence[tuple[TableRun, StoredOffsets]],
+    pipeline_id: str,
+    finished: Callable[[BatchCommit, str | None], bool],
+) -> dict[str | None, set[str]] | None:
+    """Per table, the tables its newest commit names (empty: it names none, or its batch is
+    one the checkpoint did not finish); None when a newest commit is not in the log."""
+    named: dict[str | None, set[str]] = {}
+    for run, held in holding:
+        record = parse_user_metadata(held.user_metadata, pipeline_id)
+        if record is None:
+            return None
+        named[run.name] = set(record.tables) if finished(record, run.name) else set()
+    return named
+
+
+def joined_at(start: Offsets, known: Offsets) -> Offsets:
+    """Where a table new to the pipeline may begin the partitions it stores nothing for: where
+    its first batch starts (the stream's position; nothing below was ever the table's)."""
+    return {
+        t: {p: o for p, o in parts.items() if p not in known.get(t, {})}
+        for t, parts in start.items()
+        if any(p not in known.get(t, {}) for p in parts)
+    }
+
+
+def key_deletes(df: DataFrame, run: TableRun) -> DataFrame:
+    """The batch's records as table ``run`` takes them: the rows the decoder read as deletes of
+    their key (:data:`~kafka_delta.contract.KEY_DELETE_COLUMN`) stay deletes where the table's
+    ``tombstones`` is ``delete``, and are dead letters with the error they carry where it is
+    ``dead_letter`` (what a pipeline of that table alone writes); the mark is dropped."""
+    if KEY_DELETE_COLUMN not in df.columns:
+        return df
+    mark = F.col(KEY_DELETE_COLUMN)
+    if run.config.delta.tombstones == "delete":
+        kept = {c: F.when(mark.isNull(), F.col(c)) for c in (RAW_KEY, RAW_VALUE) if c in df.columns}
+    else:
+        kept = {DEAD_LETTER_COLUMN: F.coalesce(F.col(DEAD_LETTER_COLUMN), mark)}
+        if OP_COLUMN in df.columns:
+            kept[OP_COLUMN] = F.when(mark.isNull(), F.col(OP_COLUMN))
+    return df.withColumns(kept).drop(KEY_DELETE_COLUMN)
 
 
 def floors(table: Offsets, start: Offsets) -> Offsets:

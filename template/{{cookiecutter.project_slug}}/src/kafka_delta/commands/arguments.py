@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kafka_delta.config import PipelineConfig, load_config
+from kafka_delta.config import ConfigError, PipelineConfig, load_config
 from kafka_delta.runtime.local_services import started_broker, started_registry
 
 
@@ -21,7 +21,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table",
         help="override delta.table (path or URI); with tables: in the config, the name of one "
-        "table: the commands act on it alone (default: on every table)",
+        "table: the offsets and table commands act on it alone (default: on every table; the "
+        "run command always writes every table and refuses it)",
     )
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
     parser.add_argument(
@@ -70,10 +71,19 @@ def selected_tables(config: PipelineConfig, args: argparse.Namespace) -> list[Pi
     return [config.for_table(name)] if name else config.table_configs()
 
 
-def build_config(args: argparse.Namespace) -> PipelineConfig:
+def build_config(args: argparse.Namespace, *, every_table: bool = False) -> PipelineConfig:
+    """The config the options choose. ``every_table``: the command acts on every table of
+    ``tables:`` (the run command, which reads the topics once for all of them): ``--table``
+    naming one of them is refused."""
     # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
     path = config_path(args)
     config = load_config(path, environ=os.environ)
+    if config.tables and args.table is not None and every_table:
+        raise ConfigError(
+            f"--table {args.table}: the run command writes every table of tables: (one read of "
+            "the topics for all of them), so it takes no --table; to run a table alone, give it "
+            "a config of its own (its own pipeline_id and checkpoint)"
+        )
     bootstrap = args.bootstrap_servers or started_broker(path, config.kafka.bootstrap_servers)
     table = absolute_path(args.table)
     if config.tables:

@@ -57,6 +57,7 @@ from kafka_delta.offsets.model import (
     first_offset,
     format_ms,
     offsets_to_json,
+    parse_user_metadata,
     same_topic_id,
 )
 from kafka_delta.offsets.stored import OffsetsExpiredError
@@ -412,6 +413,11 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _tables_named(stored: StoredOffsets | None, pipeline_id: str) -> tuple[str, ...]:
+    record = parse_user_metadata(stored.user_metadata, pipeline_id) if stored else None
+    return record.tables if record is not None else ()
+
+
 def commit_reset(
     table: DeltaTable, config: PipelineConfig, plan: Plan, reason: str, who: str | None = None
 ) -> BatchCommit:
@@ -434,6 +440,8 @@ def commit_reset(
             **({"recreated": plan.recreated} if plan.recreated else {}),
         },
         topic_ids=plan.topic_ids or None,
+        # The pipeline's tables as the commit it replaces named them (kafka_delta.routing).
+        tables=_tables_named(plan.stored, config.pipeline_id),
     ).on_top_of(plan.stored)
     properties = CommitProperties(
         app_transactions=[Transaction(a, v) for a, v in commit.transactions()],

@@ -5,7 +5,9 @@ Output, in order: the value's columns (the reader schema; with ``envelope: debez
 row's, and ``_op``, see :mod:`.envelope`); ``key`` (its bytes, or decoded);
 ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``; ``_error``
 (null when the record decoded); ``_raw_key`` and ``_raw_value``, the original bytes, kept only
-on rows with an ``_error`` (they become dead letters with them).
+on rows with an ``_error`` (they become dead letters with them); with ``tombstone_keys``,
+``_key_delete`` (:data:`~kafka_delta.contract.KEY_DELETE_COLUMN`, the engine's own: a row read
+as a delete of its key keeps its bytes too, for a table that takes it as a dead letter).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow.compute as pc
 from kafka_delta.contract import (
     DEAD_LETTER_COLUMN,
     KAFKA_ARROW_SCHEMA,
+    KEY_DELETE_COLUMN,
     OP_COLUMN,
     RAW_KEY,
     RAW_VALUE,
@@ -55,6 +58,7 @@ def value_columns(spec: DecodeSpec) -> list[pa.Field]:
     fields = row_fields(spec)
     op = [fields.pop()] if spec.marks_ops else []  # the engine's _op, last
     reserved = _RESERVED | ({OP_COLUMN} if spec.marks_ops else set())
+    reserved |= {KEY_DELETE_COLUMN} if spec.tombstone_keys else set()
     names = {f.name for f in fields}
     out = []
     for f in fields:
@@ -81,6 +85,7 @@ def output_schema(spec: DecodeSpec) -> pa.Schema:
             pa.field(DEAD_LETTER_COLUMN, pa.string()),
             pa.field(RAW_KEY, pa.binary()),
             pa.field(RAW_VALUE, pa.binary()),
+            *([pa.field(KEY_DELETE_COLUMN, pa.string())] if spec.tombstone_keys else []),
         ]
     )
 
@@ -156,8 +161,9 @@ class Decoder:
                 )
             )
         # The value's columns; a change event unwrapped, a tombstone made a delete (.envelope).
+        marks: list[str | None] = [None] * n
         values = (
-            value_arrays(self.spec, columns, errors, raw_values, key, key_errors)
+            value_arrays(self.spec, columns, errors, raw_values, key, key_errors, marks)
             if self.spec.marks_ops
             else [columns.column(name).combine_chunks() for name in self.spec.value.reader.names]
         )
@@ -165,9 +171,10 @@ class Decoder:
             e or (f"key: {k}" if k else None) for e, k in zip(errors, key_errors, strict=True)
         ]
         error = pa.array(errors, pa.string())
-        failed = pc.is_valid(error)
+        mark = pa.array(marks, pa.string())
+        failed = pc.or_(pc.is_valid(error), pc.is_valid(mark))
         none = pa.nulls(n, pa.binary())
-        any_failed = error.null_count < n
+        any_failed = error.null_count < n or mark.null_count < n
         arrays = [
             *values,
             key,
@@ -175,6 +182,7 @@ class Decoder:
             error,
             pc.if_else(failed, raw_key, none) if any_failed else none,
             pc.if_else(failed, raw_value, none) if any_failed else none,
+            *([mark] if self.spec.tombstone_keys else []),
         ]
         arrays = [
             a.cast(f.type) if a.type != f.type else a

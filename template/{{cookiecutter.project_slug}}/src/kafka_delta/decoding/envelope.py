@@ -18,6 +18,12 @@ one merge key) and whose other columns are null. Upsert mode then keeps the late
 each key (by Kafka offset: Debezium keys records by the primary key, so a row's changes share a
 partition, in the order the database made them) and MERGEs it: ``d`` deletes, anything else
 upserts (:mod:`kafka_delta.sinks.upsert`).
+
+The records are decoded once for every table of the pipeline, and ``tombstones`` is each
+table's own: when a table deletes by tombstones, the decoder reads every row whose key names it
+(a tombstone, a delete without ``before``) as a delete, and marks it with the error it has where
+tombstones are dead letters (:data:`~kafka_delta.contract.KEY_DELETE_COLUMN`); each table then
+takes it as a delete or as that dead letter (:func:`kafka_delta.routing.key_deletes`).
 """
 
 from __future__ import annotations
@@ -86,17 +92,21 @@ def value_arrays(
     values: list[bytes | None],
     key: pa.Array,
     key_errors: list[str | None],
+    marks: list[str | None] | None = None,
 ) -> list[pa.Array]:
     """The value's output arrays, in :func:`row_fields` order, for the reader's ``columns``
     of the records ``values``; sets ``errors`` of the records that make no row. ``key``: the
-    decoded keys (``key_errors``: why one failed)."""
+    decoded keys (``key_errors``: why one failed). ``marks`` (with ``tombstone_keys``): set,
+    for each row read as a delete of its key, to the error it has where tombstones are dead
+    letters."""
     n = columns.num_rows
     fields = row_fields(spec)
     names = [f.name for f in fields if f.name != OP_COLUMN]
     ops: list[Any] = [None] * n
     from_key = [False] * n
+    marks = [None] * n if marks is None else marks
     if spec.envelope == "debezium":
-        arrays = _unwrap(spec, columns, errors, ops, from_key)
+        arrays = _unwrap(spec, columns, errors, ops, from_key, marks)
     else:
         arrays = {name: columns.column(name).combine_chunks() for name in names}
     if spec.tombstone_keys:
@@ -106,6 +116,8 @@ def value_arrays(
             if key_errors[i] is not None or not key[i].is_valid:
                 errors[i] = f"tombstone without a usable key ({key_errors[i] or 'key is null'})"
                 continue
+            # Where tombstones are dead letters, the value decoder's error ("value is null").
+            marks[i] = errors[i] or "value is null"
             errors[i], ops[i], from_key[i] = None, DELETE, True
         arrays = _keys_from_key(spec, arrays, key, from_key, errors)
     out = [arrays[name] for name in names]
@@ -120,6 +132,7 @@ def _unwrap(
     errors: list[str | None],
     ops: list[Any],
     from_key: list[bool],
+    marks: list[str | None],
 ) -> dict[str, pa.Array]:
     row = _row_type(spec.value.reader)
     after = _children(columns.column("after"))
@@ -137,13 +150,15 @@ def _unwrap(
         elif op == DELETE:
             deletes[i] = True
             if not before_valid[i]:
+                reason = (
+                    "Debezium delete without before: decode the key and set "
+                    "delta.tombstones: delete to delete by the key"
+                )
                 if spec.tombstone_keys and spec.key is not None:
                     from_key[i] = True  # the key names the row (a table without replica identity)
+                    marks[i] = reason
                 else:
-                    errors[i] = (
-                        "Debezium delete without before: decode the key and set "
-                        "delta.tombstones: delete to delete by the key"
-                    )
+                    errors[i] = reason
         elif op == "t":
             errors[i] = (
                 "Debezium truncate (op 't') is not applied: a record never truncates the table; "

@@ -40,11 +40,17 @@ from kafka_delta.decoding.versions import union_schemas
 def build_decode_spec(
     spark: SparkSession, config: PipelineConfig, writer_schema_ids: Iterable[int] = ()
 ) -> DecodeSpec | None:
-    """The pipeline's decode spec; None when the value stays raw bytes. With
-    ``delta.tombstones: delete`` a tombstone's key fills the merge keys."""
+    """The pipeline's decode spec; None when the value stays raw bytes. The records are decoded
+    once for every table: when a table has ``tombstones: delete``, a tombstone is read as a
+    delete whose key fills the merge keys of the tables that delete (each table then takes it as
+    its own ``tombstones`` says: :func:`kafka_delta.routing.key_deletes`)."""
     spec = decode_spec(spark, config.decoding, config.kafka.topics, writer_schema_ids)
-    if spec is not None and config.delta.tombstones == "delete":
-        spec = replace(spec, tombstone_keys=config.delta.merge_keys)
+    keys: dict[str, None] = {}
+    for table in config.table_configs():
+        if table.delta.tombstones == "delete":
+            keys.update(dict.fromkeys(table.delta.merge_keys))
+    if spec is not None and keys:
+        spec = replace(spec, tombstone_keys=tuple(keys))
     return spec
 
 

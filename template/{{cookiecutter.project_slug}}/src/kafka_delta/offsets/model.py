@@ -271,6 +271,11 @@ class BatchCommit:
     # created again under the same name has a new id, and the stored offsets of the old one
     # must not be applied to it (commits written before ids were recorded hold none).
     topic_ids: Mapping[str, str] | None = None
+    # The names of the pipeline's tables (`tables:`) as of this batch, in each table's commit:
+    # a table with no commit of the pipeline that no other table's newest commit names is new
+    # to the pipeline; one they name was deleted or replaced (kafka_delta.routing.new_tables).
+    # Empty: a pipeline of one table, or a commit written before tables were named.
+    tables: tuple[str, ...] = ()
 
     def user_metadata(self) -> str:
         return json.dumps(
@@ -299,6 +304,7 @@ class BatchCommit:
                         if self.topic_ids
                         else {}
                     ),
+                    **({"tables": list(self.tables)} if self.tables else {}),
                 }
             },
             separators=(",", ":"),
@@ -438,6 +444,7 @@ def parse_user_metadata(user_metadata: object, pipeline_id: str) -> BatchCommit 
             if isinstance(body.get("topic_ids"), dict)
             else None
         ),
+        tables=tuple(str(t) for t in body.get("tables", ()) if isinstance(t, str)),
     )
 
 

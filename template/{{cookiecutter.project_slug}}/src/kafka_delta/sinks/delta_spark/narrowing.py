@@ -64,9 +64,15 @@ def narrower_columns(
     return found
 
 
-def fit_to_table(out: DataFrame, table: T.StructType, widening: bool) -> DataFrame:
+def fit_to_table(
+    out: DataFrame,
+    table: T.StructType,
+    widening: bool,
+    why: str = "the table's type widening is off",
+) -> DataFrame:
     """``out`` with each wider number column cast to the table's narrower column, its rows with
-    a value that does not fit exactly marked as dead letters (:data:`DEAD_LETTER_COLUMN`)."""
+    a value that does not fit exactly marked as dead letters (:data:`DEAD_LETTER_COLUMN`), their
+    reason ending in ``why`` (the delta-rs sink's Spark writer says its own)."""
     narrower = narrower_columns(out.schema, table, widening)
     if not narrower:
         return out
@@ -86,7 +92,7 @@ def fit_to_table(out: DataFrame, table: T.StructType, widening: bool) -> DataFra
             column.cast("string"),
             F.lit(
                 f" ({out.schema[name].dataType.simpleString()}) does not fit the table's "
-                f"{target.simpleString()} column exactly (the table's type widening is off)"
+                f"{target.simpleString()} column exactly ({why})"
             ),
         )
         error = F.when(error.isNull() & ~fits, reason).otherwise(error)
