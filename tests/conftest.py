@@ -35,7 +35,6 @@ HEAVY = {
     "tests/engine/test_recovery.py::test_a_run_fenced_mid_batch": 47,
     "tests/test_quick_start.py::test_readme_commands": 41,
     "tests/engine/test_many_tables.py::test_a_table_written_before_tables_existed": 35,
-    "tests/engine/test_jvm_archive.py::test_a_spark_jvm_records_the_archive": 31,
     "tests/engine/test_many_tables.py::test_topic_routing_lands_each_topic": 28,
     "tests/engine/test_graceful_stop.py::test_a_signal_during_a_batch": 27,
     "tests/engine/test_graceful_stop.py::test_a_second_signal": 25,

@@ -191,38 +191,40 @@ SESSION = textwrap.dedent(
 
 @pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
 def test_a_spark_jvm_records_the_archive_at_exit_and_the_next_one_loads_classes_from_it(
-    tmp_path: Path,
+    spark_class_archive: Path, tmp_path: Path
 ) -> None:
-    env = _env(tmp_path)
-    if jvm_archive.key(env) is None:
+    """The archive every test's JVM maps: a real Spark JVM recorded it as it exited (once per
+    test environment, tests/conftest.py, through java_options and promote), and a JVM that
+    maps it loads Spark's classes from it."""
+    env = dict(os.environ)
+    archive_key = jvm_archive.key(env)
+    if archive_key is None:
         pytest.skip("no archive can be made here (no base CDS archive, or a folder on the path)")
-    folder = tmp_path / "archives"
-    owner = os.getpid()
-
-    def session(options: str) -> None:
-        run = subprocess.run(
-            [sys.executable, "-c", SESSION, options],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-
-    recording = jvm_archive.java_options(owner, env)
-    assert recording[0].startswith("-XX:ArchiveClassesAtExit=")
-    session(jvm_archive.option_string(recording))
-    # The JVM outlives the Python process that started it by the time it takes to write.
-    deadline = time.monotonic() + 120
-    while jvm_archive.promote(folder, jvm_archive.key(env)) is None:
-        assert time.monotonic() < deadline, sorted(p.name for p in folder.iterdir())
+    # The other worker may be recording it right now: the JVM writes it as it exits.
+    deadline = time.monotonic() + 180
+    while (archive := jvm_archive.promote(spark_class_archive, archive_key)) is None:
+        assert time.monotonic() < deadline, sorted(p.name for p in spark_class_archive.iterdir())
         time.sleep(0.5)
+    with archive.open("rb") as file:
+        assert file.read(4) == DYNAMIC_MAGIC  # complete: the JDK writes the header last
 
-    mapping = jvm_archive.java_options(owner, env)
-    assert mapping[0].startswith("-XX:SharedArchiveFile=")
+    mapping = jvm_archive.java_options(os.getpid(), env)
+    assert mapping == [f"-XX:SharedArchiveFile={archive}"]
     loads = tmp_path / "class-load.log"
-    session(jvm_archive.option_string([*mapping, f"-Xlog:class+load=info:file={loads}"]))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SESSION,
+            jvm_archive.option_string([*mapping, f"-Xlog:class+load=info:file={loads}"]),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
     from_archive = [line for line in loads.read_text().splitlines() if "(top)" in line]
-    # "source: shared objects file (top)": mapped from the archive this run recorded.
+    # "source: shared objects file (top)": mapped from the archive the recording run wrote.
     assert len(from_archive) > 3000, len(from_archive)
     assert any("org.apache.spark.SparkContext " in line for line in from_archive)
