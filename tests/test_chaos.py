@@ -21,17 +21,19 @@ LAST_LINE = re.compile(
 
 
 @pytest.mark.parametrize(
-    ("sink", "value_format", "table_on"),
+    ("sink", "value_format", "table_on", "fan_out"),
     [
-        ("delta_rs", "json", "disk"),
-        ("delta_spark", "json", "disk"),
+        ("delta_rs", "json", "disk", False),
+        ("delta_spark", "json", "disk", False),
         # Avro with a schema change and a table in a bucket, in one run: each is its own
         # mechanism (decoding and add_columns; the object store's commits and side files).
-        ("delta_rs", "avro", "s3"),
+        ("delta_rs", "avro", "s3", False),
+        # Two tables by record routing, the first kill between their commits of a batch.
+        ("delta_rs", "json", "disk", True),
     ],
 )
 def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once(
-    tmp_path: Path, sink: str, value_format: str, table_on: str
+    tmp_path: Path, sink: str, value_format: str, table_on: str, fan_out: bool
 ) -> None:
     """With ``avro``, Confluent-framed records behind the local registry whose schema gains a
     field in the middle of the kills: the table gains the column, and no record is lost or
@@ -61,6 +63,7 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
             value_format,
             "--table-on",
             table_on,
+            *(["--fan-out"] if fan_out else []),
         ],
         capture_output=True,
         text=True,
@@ -83,4 +86,6 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
         assert "channel" in columns.split(", "), columns
     if table_on == "s3":
         assert "table=s3://chaos/orders" in output
+    if fan_out:
+        assert "killed by crash point between_tables;" in output
     print(last)

@@ -255,8 +255,15 @@ class Pipeline:
                 held = restrict(held, run.topics)
             found.append(held)
             run.initial = held.offsets if held is not None else {}
-        # A table with no commit of the pipeline is new to it, or was deleted (kafka_delta.routing)
-        new = new_tables(self.tables, found, self.config.pipeline_id, self._finished)
+        # A table with no commit of the pipeline is new to it, or was deleted (kafka_delta.routing).
+        # On a checkpoint that planned its first batch and finished none, no table is new: each
+        # is at its first batch, whose start the first run planned by the rule of first reads
+        # (a table that committed it before a crash between the tables skips it as a replay).
+        new = (
+            set()
+            if self.checkpoint.has_plan() and not self.checkpoint.has_progress()
+            else new_tables(self.tables, found, self.config.pipeline_id, self._finished)
+        )
         for run, held in zip(self.tables, found, strict=True):
             run.joining = new is not None and run.name in new
             if held is None and not run.joining and self.checkpoint.has_progress():
