@@ -15,7 +15,7 @@ schema:
 - files are named like Spark's and delta-rs's, ``part-<task>-<uuid>-c<n>.snappy.parquet``, so
   concurrent writers (tasks, retried tasks, other runs) never collide;
 - statistics (``numRecords`` always; ``nullCount`` and ``minValues``/``maxValues`` only where
-  they are exact, see :class:`_ColumnStats`): readers skip files on them, so a wrong bound would
+  they are exact, see :class:`ColumnStats`): readers skip files on them, so a wrong bound would
   silently drop rows from query results, while a missing one only makes a query slower.
 """
 
@@ -236,7 +236,7 @@ def _json_float(value: float) -> bool:
 
 
 @dataclass
-class _ColumnStats:
+class ColumnStats:
     """Exact statistics of one top-level column over the batches of one file.
 
     - ``nullCount`` for every non-nested column;
@@ -309,7 +309,7 @@ class _ColumnStats:
         return self.low, self.high
 
 
-def _stats_json(rows: int, columns: list[_ColumnStats]) -> str:
+def stats_json(rows: int, columns: list[ColumnStats]) -> str:
     stats: dict[str, Any] = {"numRecords": rows}
     nulls = {c.name: c.nulls for c in columns if c.counts_nulls}
     lows: dict[str, Any] = {}
@@ -356,7 +356,7 @@ class _OpenFile:
         )
         self.rows = 0
         self.stats = [
-            _ColumnStats(f.name, f.type) for f in list(target.schema)[: target.stats_columns]
+            ColumnStats(f.name, f.type) for f in list(target.schema)[: target.stats_columns]
         ]
 
     def write(self, table: pa.Table) -> None:
@@ -377,7 +377,7 @@ class _OpenFile:
             "size": size,
             "partition_values": "{}",
             "modification_time": int(time.time() * 1000),
-            "stats": _stats_json(self.rows, self.stats),
+            "stats": stats_json(self.rows, self.stats),
             "num_records": self.rows,
         }
 

@@ -59,7 +59,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.recovery.checkpoint import local_path
-from kafka_delta.sinks.delta_rs.file_writer import FileTarget, _ColumnStats, _stats_json
+from kafka_delta.sinks.delta_rs.file_writer import ColumnStats, FileTarget, stats_json
 from kafka_delta.sinks.delta_spark.narrowing import fit_to_table, narrower_columns
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def _conformed(out: DataFrame, plan: JvmPlan, observation: Observation | None) -
 
 def statistics_from_footer(metadata: pq.FileMetaData, target: FileTarget) -> str:
     """The file's Delta statistics from its Parquet footer, by the rules of
-    :class:`.file_writer._ColumnStats` (the pyarrow writer's): ``nullCount`` of every non-nested
+    :class:`.file_writer.ColumnStats` (the pyarrow writer's): ``nullCount`` of every non-nested
     column, exact min/max of integers, dates and short ASCII strings. Floats keep no bounds
     here: a footer cannot say whether the file holds a NaN, which Spark orders above every
     number (a bound that leaves it out would let a reader skip the file wrongly)."""
@@ -239,7 +239,7 @@ def statistics_from_footer(metadata: pq.FileMetaData, target: FileTarget) -> str
     index = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     stats = []
     for f in wanted:
-        s = _ColumnStats(f.name, f.type)
+        s = ColumnStats(f.name, f.type)
         stats.append(s)
         if not s.counts_nulls:
             continue
@@ -271,7 +271,7 @@ def statistics_from_footer(metadata: pq.FileMetaData, target: FileTarget) -> str
             s.high = high if s.high is None else max(s.high, high)
     known = [s for s in stats if not (s.counts_nulls and s.nulls < 0)]
     missing = {s.name for s in stats} - {s.name for s in known}
-    text = _stats_json(rows, known)
+    text = stats_json(rows, known)
     if missing:
         log.debug("no null counts in the footer for %s", sorted(missing))
     return text

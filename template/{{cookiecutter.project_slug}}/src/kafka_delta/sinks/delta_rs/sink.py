@@ -209,7 +209,8 @@ class DeltaRsSink:
         if table is not None:
             if self._mark is not None and self._log_entry(self._mark[0]) == self._mark:
                 table.update_incremental()
-                self._mark = self._log_entry(table.version())
+                if table.version() != self._mark[0]:  # new commits: stand on the newest
+                    self._mark = self._log_entry(table.version())
                 return table
             log.info(
                 "table %s was deleted or created again since version %s: reading it afresh",
