@@ -24,6 +24,7 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"kafka-delta-{config.pipeline_id}")
+    conf = dict(config.spark.conf)
     # Under spark-submit (or on Databricks) the master is already chosen; only a plain
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
@@ -34,11 +35,14 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
         if config.spark.master.startswith("local"):
             # Spark's classes mapped from the class archive a local run recorded: ~2.5 s sooner.
             options += jvm_archive.mapping_options()
-        if options:
-            builder = builder.config(
-                "spark.driver.extraJavaOptions", jvm_archive.option_string(options)
-            )
-    for key, value in config.spark.conf.items():
+        # The config's own driver options (spark.conf) join these, after them so that theirs
+        # win where both set one: set alone, they would drop the log configuration and the
+        # class archive without a word.
+        own = conf.pop("spark.driver.extraJavaOptions", "").strip()
+        joined = " ".join(part for part in (jvm_archive.option_string(options), own) if part)
+        if joined:
+            builder = builder.config("spark.driver.extraJavaOptions", joined)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     try:

@@ -1,0 +1,69 @@
+"""The Spark session a plain ``python -m`` run starts (runtime/spark_session.py), in a real JVM:
+the driver options a project's config sets join the engine's (its log configuration, the class
+archive) instead of replacing them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from kafka_delta_dev.pytest_plugin import NEEDS_JAVA, NO_JAVA
+
+RUN = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from kafka_delta.config import PipelineConfig
+    from kafka_delta.runtime.spark_session import build_spark
+
+    settings, log4j = json.loads(sys.argv[1]), Path(sys.argv[2])
+    spark = build_spark(PipelineConfig.model_validate(settings), log4j)
+    system = spark.sparkContext._jvm.java.lang.System
+    print(json.dumps({
+        name: system.getProperty(name)
+        for name in ("kafka_delta.own", "log4j2.configurationFile")
+    }))
+    spark.stop()
+    """
+)
+
+
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
+    tmp_path: Path,
+) -> None:
+    log4j = tmp_path / "log4j2.properties"
+    log4j.write_text("rootLogger.level = error\n")
+    settings = {
+        "pipeline_id": "p",
+        "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["t"], "consumer_group": "g"},
+        "delta": {"table": str(tmp_path / "table")},
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "spark": {
+            "master": "local[1]",
+            "conf": {
+                "spark.ui.enabled": "false",
+                "spark.driver.extraJavaOptions": "-Dkafka_delta.own=kept",
+            },
+        },
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_SUBMIT_ARGS")}
+    run = subprocess.run(
+        [sys.executable, "-c", RUN, json.dumps(settings), str(log4j)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    # The project's own option, and the engine's log configuration beside it.
+    assert seen == {
+        "kafka_delta.own": "kept",
+        "log4j2.configurationFile": f"file:{log4j.resolve()}",
+    }
