@@ -273,12 +273,18 @@ class Pipeline:
                     if new is None
                     else ""
                 )
+                # Without the checkpoint, a table that holds nothing beside tables that hold
+                # offsets reads from Kafka's earliest (routing.stream_start).
+                again = (
+                    "it from Kafka's earliest offsets (the other tables skip what they hold)"
+                    if any(h is not None for h in found)
+                    else f"from {self.config.kafka.starting_offsets} offsets"
+                )
                 raise CheckpointMismatchError(
                     f"checkpoint {self.config.checkpoint} has committed batches, but table "
                     f"{run.config.delta.table} holds no offsets of pipeline "
                     f"{self.config.pipeline_id!r}: the table was deleted or replaced{unknown}. "
-                    "Restore the table, or delete the checkpoint to re-read from "
-                    f"{self.config.kafka.starting_offsets} offsets."
+                    f"Restore the table, or delete the checkpoint to re-read {again}."
                 )
         # Where a new checkpoint starts: the table furthest behind, per partition (a table new
         # to the pipeline joins where the others stand).
