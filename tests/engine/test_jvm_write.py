@@ -389,6 +389,14 @@ def test_the_sink_reads_its_table_once_and_then_only_the_commits_since(
         return real_open(*args, **kwargs)
 
     monkeypatch.setattr(sink_module, "open_table", counting_open)
+    log_reads = []
+    real_update = DeltaTable.update_incremental
+
+    def counting_update(table, *args, **kwargs):
+        log_reads.append(table.version())
+        return real_update(table, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "update_incremental", counting_update)
     sink = DeltaRsSink(uri, "p")
     start: dict = {}
     for batch in range(25):
@@ -401,10 +409,23 @@ def test_the_sink_reads_its_table_once_and_then_only_the_commits_since(
     # Read from scratch while there was no table (the first batch's check and commit), and once
     # it exists (the second batch's check): never again, over 50 more versions.
     assert len(opened) == 3 and sink.opens == 3
-    assert sink.check(BatchCommit("p", "p.q", 24, {"o": {0: 25}}), {"o": {0: 24}})  # a replay
+    # The commits since were read only when there were some (the other writer's and this
+    # sink's own), not at each of a batch's three looks at the table (its check, its files'
+    # schema, its commit): on a local disk each read lists the whole log folder.
+    assert len(log_reads) <= 2 * 25
+    # With no other writer, at most once a batch: after the sink's own previous commit.
+    reads = len(log_reads)
+    for batch in range(25, 45):
+        end = {"o": {0: batch + 1}}
+        assert not sink.check(BatchCommit("p", "p.q", batch, end), start)
+        assert sink._table() is not None and sink._table() is not None
+        sink.commit_batch(_rows(batch), BatchCommit("p", "p.q", batch, end), start)
+        start = end
+    assert len(log_reads) - reads <= 20
+    assert sink.check(BatchCommit("p", "p.q", 44, {"o": {0: 45}}), {"o": {0: 44}})  # a replay
     table = DeltaTable(uri)
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == sorted(
-        [*range(25), *range(1000, 1025)]
+        [*range(45), *range(1000, 1025)]
     )
 
 
