@@ -46,12 +46,15 @@ The LAST line is machine-checkable (nan: not measured by this run, e.g. with --n
     bench: pipeline_rps=<X> simple_ingest_rps=<Z> ratio_to_simple=<X/Z> batch_fixed_s=<F> \
 us_per_record=<M> startup_s=<S> overhead_pct=<O> driver_rss_ratio=<R> delta_spark_rps=<D> \
 delta_spark_to_plain=<D/P> avro_ratio_to_simple=<A> pipeline_to_ceiling=<X/C> \
-startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB> two_tables_to_two_pipelines=<T>
+startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB> two_tables_to_two_pipelines=<T> \
+fixed_over_python_floor_s=<F-FP>
 
 X, Z, D, P, C: rows 4, 3, 6, 7, 10; F, M: the sweep's fit at 4 partitions; S: row 4's start-up;
 O = (row 5 - row 4) / row 5 x 100; R = the Python driver's peak RSS with the largest
 --rss-batch-sizes batches over that with the smallest; A = row 8 / row 9; FF, FB: Spark's floor
-(first batch from process start, cost of a later batch), taken in row 10's process; T = a
+(first batch from process start, cost of a later batch), taken in row 10's process; FP: the
+floor's later batch handed to Python tasks to be written (mapInArrow), as the delta-rs sink's
+files are, writing nothing; T = a
 record's steady cost in row 11 over its cost in the two single-table pipelines, 1/X11 /
 (1/Xall + 1/Xpaid): below 1, writing two tables from one read costs less.
 """

@@ -8,7 +8,11 @@ class archive, the Python launcher, Spark's UI off).
   Kafka, no decoding, no Delta);
 - ``batch_s``: the median micro-batch of that query afterwards (``triggerExecution``);
 - ``batch_no_job_s``: the median micro-batch of the same source whose batch function runs no
-  Spark job at all (Spark's offset and commit logs, planning, the foreachBatch call).
+  Spark job at all (Spark's offset and commit logs, planning, the foreachBatch call);
+- ``batch_python_write_s``: the median micro-batch of the same source whose batch is handed to
+  Python to be written (``mapInArrow`` in each task, its results collected as Arrow), writing
+  nothing: what Spark charges any sink written in Python, the delta-rs sink's shape, over the
+  ``noop`` sink.
 
 The pipeline's ``startup_s`` and ``batch_fixed_s`` (scripts/bench) are these plus its own work.
 scripts/bench takes these figures in its own run (row 10's process runs :func:`measure` on its
@@ -89,13 +93,27 @@ def _register(spark, batches: int) -> None:
     spark.dataSource.register(Floor)
 
 
-def _run(spark, checkpoint: Path, batches: int, write: bool) -> tuple[float, float]:
-    """(the time batch 0 ended, epoch seconds; median batch seconds after the first five)."""
+def _run(spark, checkpoint: Path, batches: int, write: str | None) -> tuple[float, float]:
+    """(the time batch 0 ended, epoch seconds; median batch seconds after the first five).
+    ``write``: "noop" (Spark's noop sink), "python" (handed to Python tasks, as the delta-rs
+    sink's files are written) or None (no job)."""
     first: list[float] = []
 
+    def count(batches):
+        """A Python writer that writes nothing: the rows it was handed, counted. (Defined here,
+        so that it reaches the Python workers by value: they cannot import this script.)"""
+        import pyarrow as pa
+
+        rows = 0
+        for batch in batches:
+            rows += batch.num_rows
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
     def batch(frame, batch_id: int) -> None:
-        if write:
+        if write == "noop":
             frame.write.format("noop").mode("append").save()
+        elif write == "python":
+            frame.mapInArrow(count, "rows long").toArrow()
         if not first:
             first.append(time.time())
 
@@ -119,17 +137,23 @@ def _run(spark, checkpoint: Path, batches: int, write: bool) -> tuple[float, flo
 
 
 def measure(spark, batches: int) -> dict[str, float]:
-    """The floor's two queries on ``spark``: ``first_batch_at`` (epoch seconds at which the
-    first one's batch 0 ended), ``batch_s`` and ``batch_no_job_s`` (see the module's
-    docstring)."""
+    """The floor's three queries on ``spark``: ``first_batch_at`` (epoch seconds at which the
+    first one's batch 0 ended), ``batch_s``, ``batch_no_job_s`` and ``batch_python_write_s``
+    (see the module's docstring)."""
     work = Path(tempfile.mkdtemp(prefix="spark-floor-"))
     try:
         _register(spark, batches)
-        first_at, batch_s = _run(spark, work / "noop", batches, write=True)
-        _, no_job_s = _run(spark, work / "no-job", batches, write=False)
+        first_at, batch_s = _run(spark, work / "noop", batches, write="noop")
+        _, no_job_s = _run(spark, work / "no-job", batches, write=None)
+        _, python_s = _run(spark, work / "python", batches, write="python")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"first_batch_at": first_at, "batch_s": batch_s, "batch_no_job_s": no_job_s}
+    return {
+        "first_batch_at": first_at,
+        "batch_s": batch_s,
+        "batch_no_job_s": no_job_s,
+        "batch_python_write_s": python_s,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -147,7 +171,8 @@ def main(argv: list[str]) -> int:
     print(
         f"floor: session_s={session_s:.2f} "
         f"first_batch_s={figures['first_batch_at'] - STARTED:.2f} "
-        f"batch_s={figures['batch_s']:.3f} batch_no_job_s={figures['batch_no_job_s']:.3f}"
+        f"batch_s={figures['batch_s']:.3f} batch_no_job_s={figures['batch_no_job_s']:.3f} "
+        f"batch_python_write_s={figures['batch_python_write_s']:.3f}"
     )
     return 0
 

@@ -32,7 +32,8 @@ LAST_LINE = re.compile(
     rf"pipeline_to_ceiling=(?P<to_ceiling>{NUMBER}) "
     rf"startup_over_floor_s=(?P<startup_over_floor>{NUMBER}) "
     rf"fixed_over_floor_s=(?P<fixed_over_floor>{NUMBER}) "
-    rf"two_tables_to_two_pipelines=(?P<fan_out>{NUMBER})$"
+    rf"two_tables_to_two_pipelines=(?P<fan_out>{NUMBER}) "
+    rf"fixed_over_python_floor_s=(?P<fixed_over_python_floor>{NUMBER})$"
 )
 
 
@@ -83,7 +84,14 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert figures[key] > 0, last
     # The fit and the exactly-once overhead rest on differences of measurements: noise
     # may make them negative on a busy machine, but they are measured (not nan).
-    for key in ("fixed", "us", "overhead", "startup_over_floor", "fixed_over_floor"):
+    for key in (
+        "fixed",
+        "us",
+        "overhead",
+        "startup_over_floor",
+        "fixed_over_floor",
+        "fixed_over_python_floor",
+    ):
         assert not math.isnan(figures[key]), last
     assert figures["ratio"] == pytest.approx(
         figures["pipeline"] / figures["simple"], rel=0.01, abs=1e-4
@@ -113,6 +121,12 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     ), last
     assert figures["fixed_over_floor"] == pytest.approx(
         figures["fixed"] - floor["batch_s"], abs=2e-3
+    ), last
+    # ... and over Spark's floor for a batch handed to Python tasks, as the delta-rs sink's is.
+    python_floor = float(ceiling["floor_batch_python_write_s"])
+    assert python_floor > 0, ceiling
+    assert figures["fixed_over_python_floor"] == pytest.approx(
+        figures["fixed"] - python_floor, abs=2e-3
     ), last
     # Row 11: two tables from one read, against two single-table pipelines reading twice, in
     # the session; both sides' paid tables hold each paid order once (750 of 3000).
@@ -406,7 +420,7 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=nan delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan"
     )
     results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
     for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
@@ -423,7 +437,7 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=1.050 delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan"
     )
     results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
     assert "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan " in (
@@ -439,18 +453,24 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
     ]
     assert "avro_ratio_to_simple=0.7500 " in report.last_line(results)
     # Row 10 (the ceiling) and Spark's floor, taken in its process: the pipeline against them.
-    floor = {"floor_first_batch_s": 10.04, "floor_batch_s": 0.3}
+    floor = {
+        "floor_first_batch_s": 10.04,
+        "floor_batch_s": 0.3,
+        "floor_batch_python_write_s": 0.45,
+    }
     results.rows.append(rows.Row(10, "ceiling", 20_000, rps=120_000.0, verified=True, extra=floor))
     assert report.last_line(results).endswith(
         "pipeline_to_ceiling=0.7500 startup_over_floor_s=2.3 fixed_over_floor_s=0.310 "
-        "two_tables_to_two_pipelines=nan"
+        "two_tables_to_two_pipelines=nan fixed_over_python_floor_s=0.160"
     )
     # Row 11: a record's cost in one pipeline into two tables over its cost in the two
     # single-table pipelines that read it twice, (1/150k) / (1/200k + 1/400k) = 0.8889.
     pipelines = {"all_pipeline_rps": 200_000.0, "paid_pipeline_rps": 400_000.0}
     results.rows.append(rows.Row(11, "two tables", 20_000, rps=150_000.0, verified=True))
     results.rows[-1].extra.update(pipelines)
-    assert report.last_line(results).endswith(" two_tables_to_two_pipelines=0.8889")
+    assert report.last_line(results).endswith(
+        " two_tables_to_two_pipelines=0.8889 fixed_over_python_floor_s=0.160"
+    )
 
 
 def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(
     r"^floor: session_s=(?P<session>[\d.]+) first_batch_s=(?P<first>[\d.]+) "
-    r"batch_s=(?P<batch>[\d.]+) batch_no_job_s=(?P<no_job>[\d.]+)$"
+    r"batch_s=(?P<batch>[\d.]+) batch_no_job_s=(?P<no_job>[\d.]+) "
+    r"batch_python_write_s=(?P<python_write>[\d.]+)$"
 )
 
 
@@ -28,7 +29,7 @@ def test_the_floor_prints_its_machine_checkable_line() -> None:
     assert match, run.stdout
     figures = {name: float(value) for name, value in match.groupdict().items()}
     assert 0 < figures["session"] < figures["first"]
-    assert figures["batch"] > 0 and figures["no_job"] > 0
+    assert figures["batch"] > 0 and figures["no_job"] > 0 and figures["python_write"] > 0
 
 
 def test_too_few_batches_is_one_clear_error() -> None:

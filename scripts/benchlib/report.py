@@ -33,6 +33,7 @@ HEADLINE = {
     "startup_over_floor_s": "{:.1f}",
     "fixed_over_floor_s": "{:.3f}",
     "two_tables_to_two_pipelines": "{:.4f}",
+    "fixed_over_python_floor_s": "{:.3f}",
 }
 
 
@@ -103,6 +104,7 @@ def headline(results: Results) -> dict[str, float]:
         "startup_over_floor_s": startup - floor.get("floor_first_batch_s", NAN),
         "fixed_over_floor_s": fixed - floor.get("floor_batch_s", NAN),
         "two_tables_to_two_pipelines": two_tables_to_two_pipelines(rows),
+        "fixed_over_python_floor_s": fixed - floor.get("floor_batch_python_write_s", NAN),
     }
 
 
@@ -125,7 +127,8 @@ def floor_text(row: Row) -> str:
     return (
         f"session {x['floor_session_s']:.1f}s, first batch {x['floor_first_batch_s']:.1f}s from "
         f"the process start, then {x['floor_batch_s']:.3f}s per batch "
-        f"({x['floor_batch_no_job_s']:.3f}s with no job)"
+        f"({x['floor_batch_no_job_s']:.3f}s with no job, "
+        f"{x['floor_batch_python_write_s']:.3f}s handed to Python tasks)"
     )
 
 

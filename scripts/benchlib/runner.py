@@ -369,6 +369,7 @@ class Bench:
         row.extra["floor_first_batch_s"] = round(floor["first_batch_at"] - started, 2)
         row.extra["floor_batch_s"] = round(floor["batch_s"], 3)
         row.extra["floor_batch_no_job_s"] = round(floor["batch_no_job_s"], 3)
+        row.extra["floor_batch_python_write_s"] = round(floor["batch_python_write_s"], 3)
 
     def check(self, row: Row, table: Path | None) -> None:
         if table is None:
