@@ -202,11 +202,12 @@ class DeltaRsSink:
         the last call and nothing else. It is called only when the commit file of the version
         after the table's exists (one file's metadata; Delta's versions are contiguous): on a
         local disk it lists the whole log folder (1.7 ms at 100 versions, 3.6 ms at 2,000), and
-        a batch looks at the table three times (its check, its files' schema, its commit). It
-        cannot see a table deleted, or deleted and created again
-        (versions start over, the newer commits it would read are another table's): so the log
-        entry of the version it stands on is checked first, one file's metadata, and when it is
-        gone or changed the table is read afresh, as a new run would read it. A RESTORE, an
+        a batch looks at the table three times (its check, its files' schema, its commit).
+
+        It cannot see a table deleted, or deleted and created again (versions start over, the
+        newer commits it would read are another table's): so the log entry of the version it
+        stands on is checked first, one file's metadata, and when it is gone or changed the
+        table is read afresh, as a new run would read it. A RESTORE, an
         OPTIMIZE or another writer's commit are commits like any other: read incrementally
         (:meth:`stored_offsets` finds a RESTORE in the history since)."""
         table = self._open
@@ -357,8 +358,8 @@ class DeltaRsSink:
         # trip, and this runs every batch).
         out_schema = out.schema
         marks = marks if marks in out_schema.names else None
-        rows = StructType([f for f in out_schema.fields if f.name != marks])
-        schema = self._schema_for(table, rows)
+        written = StructType([f for f in out_schema.fields if f.name != marks])
+        schema = self._schema_for(table, written)
         target = self._target(table, schema)
         plan = can_write(target, out_schema, marks) if self.spark_writes_files else None
         if plan is not None:
