@@ -313,6 +313,76 @@ def test_a_restore_then_log_cleanup_then_a_lost_checkpoint_reads_the_undone_batc
     _verify(cfg, tmp_path, capsys)
 
 
+def _skip_then_clean_up(spark, kafka_bootstrap, cfg, topic: str, tmp_path: Path, capsys) -> None:
+    """Ids 0-9 read; ids 10-19 skipped by the operator (`offsets reset --to-latest
+    --allow-skip`, no run live); then Delta log cleanup takes every commit of the pipeline."""
+    produce_events(kafka_bootstrap, [topic], 10)
+    Pipeline(spark, cfg).run()
+    produce_events(kafka_bootstrap, [topic], 10, first_id=10)
+    path = tmp_path / "reset.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    skip = ["offsets", "reset", "--config", str(path), "--to-latest", "--allow-skip", "--execute"]
+    assert main(skip) == 0, capsys.readouterr().out
+    _clean_up_the_log(cfg.delta.table)
+
+
+def test_a_skip_then_log_cleanup_then_a_lost_checkpoint_warns_that_the_skip_is_read_again(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, capsys, caplog
+) -> None:
+    """Found by the operations harness (skip, clean_log, delete_checkpoint, run): once log
+    cleanup removed the reset's commit, the offsets come from the rows, and the records the
+    operator skipped lie past them. Nothing left tells them from a RESTORE's undone records, so
+    they are read again (nothing is lost), and the run says so in a warning that names each
+    partition, where its rows end and where its offset txn says it stood."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = make_config([topic], engine=sink_engine)
+    _skip_then_clean_up(spark, kafka_bootstrap, cfg, topic, tmp_path, capsys)
+    shutil.rmtree(cfg.checkpoint)
+    from kafka_delta.commands.offsets import show
+
+    stored = show(cfg)["stored"]
+    assert stored["past_the_rows"] == {topic: {"0": 10, "1": 10}}, stored
+
+    with caplog.at_level("INFO", logger="kafka_delta"):
+        Pipeline(spark, cfg).run()
+
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    again = [m for m in warned if m.startswith("this run reads again")]
+    assert len(again) == 1, warned
+    # Each partition: its rows end at 5 (ids 0-9 round-robin), its txn names 10.
+    assert f"offsets {topic}[0] 5-9, {topic}[1] 5-9 of pipeline" in again[0], again
+    assert "records an `offsets reset` skipped" in again[0], again
+    resumed = [
+        r.getMessage() for r in caplog.records if "resuming from the table" in r.getMessage()
+    ]
+    assert f"its offset txns name {topic}[0] 10 (the rows: 5)" in resumed[0], resumed
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert sorted(ids) == list(range(20))
+
+
+def test_a_skip_then_log_cleanup_with_the_checkpoint_kept_warns_that_the_skip_is_read_again(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys, caplog
+) -> None:
+    """The same with the checkpoint kept: it stands before the skip, and the reset's commit,
+    which set such a checkpoint aside, is gone; Spark resumes from it and reads the skipped
+    records. The run says which."""
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic])
+    _skip_then_clean_up(spark, kafka_bootstrap, cfg, topic, tmp_path, capsys)
+    produce_events(kafka_bootstrap, [topic], 5, first_id=20)
+
+    with caplog.at_level("INFO", logger="kafka_delta"):
+        Pipeline(spark, cfg).run()
+
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        m.startswith(f"this run reads again the records at offsets {topic}[0] 10-19 ")
+        for m in warned
+    ), warned
+    ids = DeltaTable(cfg.delta.table).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert sorted(ids) == list(range(25))
+
+
 def test_a_restore_then_log_cleanup_with_the_checkpoint_kept_sets_it_aside_and_reads_again(
     spark, kafka_bootstrap, new_topics, make_config, sink_engine
 ) -> None:

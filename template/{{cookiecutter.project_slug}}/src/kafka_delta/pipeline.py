@@ -420,6 +420,38 @@ class Pipeline:
                 self._skipped_at_first_start(),
                 where,
             )
+        again = self._read_again(stored)
+        if again is not None:
+            log.warning("%s", again)
+
+    def _read_again(self, stored: StoredOffsets | None) -> str | None:
+        """The sentence for records this run reads although the table's offset txns say the
+        pipeline had passed them (:func:`.offsets.stored.from_the_rows`: log cleanup removed its
+        commits, and the rows end before them); None when it reads none."""
+        if stored is None or not stored.past_the_rows:
+            return None
+        start: Offsets = stored.offsets
+        if self.checkpoint.has_plan():  # Spark resumes after the newest batch it finished
+            done = self.checkpoint.newest_planned()
+            if done is not None and not self.checkpoint.is_committed(done):
+                done -= 1
+            start = self.checkpoint.end_offsets(done) if done is not None and done >= 0 else {}
+        ranges = [
+            f"{topic}[{p}] {start.get(topic, {}).get(p, 0)}-{end - 1}"
+            for topic, parts in sorted(stored.past_the_rows.items())
+            for p, end in sorted(parts.items())
+            if start.get(topic, {}).get(p, 0) < end
+        ]
+        if not ranges:
+            return None
+        return (
+            f"this run reads again the records at offsets {', '.join(ranges)} of pipeline "
+            f"{self.config.pipeline_id!r}: the table's offset txns say the pipeline had passed "
+            "them, but log cleanup removed its commits, and nothing left tells whether they are "
+            "records an `offsets reset` skipped, records that gave no row (a filter, dead "
+            "letters: sent once) or commits a RESTORE undid. Reading them loses nothing; "
+            "records that were skipped on purpose land in the table"
+        )
 
     def _skipped_at_first_start(self) -> str:
         """On the pipeline's first start at ``latest`` (or at offsets of its own), the records

@@ -150,9 +150,13 @@ def stream_start(
             for p, o in parts.items():
                 offsets.setdefault(t, {})[p] = o
     ids: dict[str, str] = {}
+    past: dict[str, dict[int, int]] = {}  # the furthest any table's txns name past its rows
     for s in present:
         ids.update(s.topic_ids or {})
-    return replace(present[0], offsets=offsets, topic_ids=ids or None)
+        for t, parts in (s.past_the_rows or {}).items():
+            for p, o in parts.items():
+                past.setdefault(t, {})[p] = max(o, past.get(t, {}).get(p, o))
+    return replace(present[0], offsets=offsets, topic_ids=ids or None, past_the_rows=past or None)
 
 
 def new_tables(

@@ -327,6 +327,10 @@ def show(config: PipelineConfig) -> dict[str, Any]:
             else "none (a RESTORE took the table back to before the pipeline's first commit)",
             "reset": dict(stored.reset) if stored.reset is not None else None,
             "offsets": offsets_to_json(stored.offsets),
+            # Recomputed from the rows: where the offset txns name more (read again at start).
+            "past_the_rows": offsets_to_json(stored.past_the_rows)
+            if stored.past_the_rows
+            else None,
         },
         "partitions": rows,
         "lag": sum(r["lag"] or 0 for r in rows),

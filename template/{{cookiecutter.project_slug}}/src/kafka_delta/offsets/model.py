@@ -381,6 +381,10 @@ class StoredOffsets:
     # Set when log cleanup removed every commit of the pipeline and the offsets were
     # recomputed from the rows the table holds (offsets.stored.from_the_rows).
     recomputed: bool = False
+    # Recomputed offsets only: the partitions whose surviving hints (offset txns, the commit
+    # copy) name an offset past where the rows end, with that offset. The records between are
+    # read again, and nothing left tells what they were (see offsets.stored.from_the_rows).
+    past_the_rows: Offsets | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         if self.restore is not None and self.delta_version is None and not self.offsets:
@@ -389,10 +393,16 @@ class StoredOffsets:
                 f"{self.restore['to']}, before the pipeline's first commit"
             )
         if self.recomputed:
-            return (
-                f"offsets recomputed from its rows (commit {self.seq} of the pipeline; log "
-                "cleanup removed its commits)"
-            )
+            where = f"commit {self.seq} of the pipeline; log cleanup removed its commits"
+            if self.past_the_rows:
+                named = ", ".join(
+                    f"{topic}[{p}] {end} (the rows: "
+                    f"{self.offsets[topic][p] if p in self.offsets.get(topic, {}) else 'none'})"
+                    for topic, parts in sorted(self.past_the_rows.items())
+                    for p, end in sorted(parts.items())
+                )
+                where = f"{where}; its offset txns name {named}"
+            return f"offsets recomputed from its rows ({where})"
         if self.app_id is None:
             return (
                 f"unknown (commit {self.seq} of the pipeline; log cleanup removed its commits "

@@ -78,7 +78,7 @@ def read_stored(
         seq = log.transaction_version(fence_app_id(pipeline_id))
         if seq is None:
             return None
-        return from_the_rows(log, pipeline_id, seq)
+        return from_the_rows(log, pipeline_id, seq, partitions)
     if stored.restore is not None:
         fence = log.transaction_version(fence_app_id(pipeline_id))
         if fence is not None and fence > stored.seq:
@@ -90,7 +90,9 @@ def read_stored(
     return stored
 
 
-def from_the_rows(log: TableLog, pipeline_id: str, seq: int) -> StoredOffsets:
+def from_the_rows(
+    log: TableLog, pipeline_id: str, seq: int, partitions: Partitions | None = None
+) -> StoredOffsets:
     """Where the table ends when log cleanup removed every commit of the pipeline: recomputed
     from the rows the table holds now, never taken from a hint that cannot prove itself.
 
@@ -107,6 +109,11 @@ def from_the_rows(log: TableLog, pipeline_id: str, seq: int) -> StoredOffsets:
     data files a commit added: OPTIMIZE rewrites files and keeps the rows, so a file a batch
     added may be gone while its rows are in effect. Reading the three position columns costs
     one scan of the table, once, at the start after such a cleanup.
+
+    What the rows cannot tell is what the records past them were, where a hint names an offset
+    further on: records an operator's reset skipped come back as rows. So the partitions where
+    that happens (of the rows' and those ``partitions`` lists) are named, with the hint's
+    offset, in ``past_the_rows``: the run says so rather than reading them again silently.
 
     A table whose rows carry no position (the transform drops topic, partition or offset)
     cannot prove where it ends: the run stops with one sentence."""
@@ -137,7 +144,38 @@ def from_the_rows(log: TableLog, pipeline_id: str, seq: int) -> StoredOffsets:
         topic_ids=copy.topic_ids
         if copy is not None
         else _topic_id_digests(log, pipeline_id, offsets),
+        past_the_rows=_past_the_rows(log, pipeline_id, offsets, copy, partitions),
     )
+
+
+def _past_the_rows(
+    log: TableLog,
+    pipeline_id: str,
+    rows: Offsets,
+    copy: StoredOffsets | None,
+    partitions: Partitions | None,
+) -> Offsets | None:
+    """The partitions whose hint (the commit copy's offsets, else the partition's offset txn)
+    names an offset past ``rows`` (where the rows end; 0 for a partition without a row), with
+    the hint's offset; None when there is none."""
+    if copy is not None:
+        hints = copy.offsets
+    else:
+        named = {topic: set(parts) for topic, parts in rows.items()}
+        for topic, parts in (partitions() if partitions is not None else {}).items():
+            named.setdefault(topic, set()).update(int(p) for p in parts)
+        hints = {}
+        for topic, parts in named.items():
+            for p in sorted(parts):
+                hint = log.transaction_version(partition_app_id(pipeline_id, topic, p))
+                if hint is not None:
+                    hints.setdefault(topic, {})[p] = hint
+    past: dict[str, dict[int, int]] = {}
+    for topic, parts in hints.items():
+        for p, hint in parts.items():
+            if hint > rows.get(topic, {}).get(p, 0):
+                past.setdefault(topic, {})[p] = hint
+    return past or None
 
 
 def _topic_id_digests(log: TableLog, pipeline_id: str, offsets: Offsets) -> dict[str, str] | None:
