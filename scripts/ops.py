@@ -2,6 +2,7 @@
 checked against a model of what Kafka holds (I8, I9, I11, I12).
 
     scripts/ops --random 40 --seed 1 --sink delta_rs
+    scripts/ops --random 40 --seed 1 --tables 2
     KAFKA_DELTA_JARS=<folder> scripts/ops --random 40 --seed 1 --sink delta_spark
 
 Each sequence starts from two topics of records read once, then makes ``--moves`` moves drawn
@@ -9,9 +10,12 @@ from its seed (opslib/moves.py): records produced (good and bad), a run to the e
 run started and stopped, a run stopped dead at a named point in a batch, the checkpoint deleted,
 ``offsets reset`` forward (skip) and back (rewind) with and without a live run, Delta's RESTORE
 (live or not), Delta log cleanup, ``table maintain`` (``--full`` too), topics added, removed and
-created again, partitions added, two runs racing on two checkpoints or on one. Where a run
-stops with one of the engine's expected sentences, the harness does what the sentence says
-(start again; reset a recreated topic's offsets).
+created again, partitions added, two runs racing on two checkpoints or on one. With
+``--tables 2`` the pipeline writes two tables (``tables:``: every event into one, the events
+with an even id routed into the other, one dead-letter table shared): a RESTORE acts on one of
+them, log cleanup on both, and one move more deletes one table. Where a run stops with one of
+the engine's expected sentences, the harness does what the sentence says (start again; reset a
+recreated topic's offsets; delete the checkpoint to read a deleted table again).
 
 After every move nothing may be in the tables more often than the model allows; whenever the
 pipeline has caught up, nothing may be missing, and ``offsets verify --against-kafka`` must pass
@@ -23,8 +27,8 @@ scripts/chaos's.)
 
 Last line (exit 0 only when all four counts are 0):
 
-    ops-random: sink=<sink> sequences=<N> moves=<M> lost=<L> doubled=<D> stuck=<S> \
-verify_disagreements=<V>
+    ops-random: sink=<sink> tables=<T> sequences=<N> moves=<M> lost=<L> doubled=<D> \
+stuck=<S> verify_disagreements=<V>
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from opslib.moves import MOVES
+from opslib.moves import moves_of
 from opslib.runner import Runner, sequence
 
 
@@ -88,6 +92,14 @@ def main(argv: list[str]) -> int:
         default=os.environ.get("KAFKA_DELTA_JARS"),
         help="folder of delta-spark jars, for --sink delta_spark (default $KAFKA_DELTA_JARS)",
     )
+    parser.add_argument(
+        "--tables",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="the pipeline's tables: 1, or 2 (tables: one of every event, one routed the "
+        "events with an even id, sharing a dead-letter table; one move more: a table deleted)",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     args = parser.parse_args(argv)
     confs = connector_confs(args.sink, args.delta_jars)
@@ -114,14 +126,18 @@ def main(argv: list[str]) -> int:
     if bootstrap is None:
         broker = EmbeddedBroker(log_path=args.workdir / "broker.log").start()
         bootstrap = broker.bootstrap_servers
-    log(f"broker {bootstrap}; sink {args.sink}; moves: {', '.join(MOVES)}")
+    several = args.tables > 1
+    log(
+        f"broker {bootstrap}; sink {args.sink}; tables {args.tables}; "
+        f"moves: {', '.join(moves_of(several))}"
+    )
     spark = spark_session(confs)
-    runner = Runner(spark, bootstrap, args.workdir, args.sink, log)
+    runner = Runner(spark, bootstrap, args.workdir, args.sink, log, several)
     seeds = args.seeds or [args.seed + n for n in range(args.random)]
     totals = {"moves": 0, "lost": 0, "doubled": 0, "stuck": 0, "verify_disagreements": 0}
     try:
         for n, seed in enumerate(seeds):
-            moves = sequence(seed, args.moves)
+            moves = sequence(seed, args.moves, several)
             log(f"sequence {n + 1}/{len(seeds)} (seed {seed}): {' '.join(map(str, moves))}")
             result = runner.run(seed, moves)
             totals["moves"] += result.done
@@ -138,7 +154,8 @@ def main(argv: list[str]) -> int:
         if broker is not None:
             broker.stop()
     print(
-        f"ops-random: sink={args.sink} sequences={len(seeds)} moves={totals['moves']} "
+        f"ops-random: sink={args.sink} tables={args.tables} sequences={len(seeds)} "
+        f"moves={totals['moves']} "
         f"lost={totals['lost']} doubled={totals['doubled']} stuck={totals['stuck']} "
         f"verify_disagreements={totals['verify_disagreements']}",
         flush=True,

@@ -1,11 +1,14 @@
 """What the tables must hold, from what was produced and what the operator did: the harness's
 independent model. It never asks the engine: it knows each record it produced (a good event by
-its id, a bad record by its bytes), where Kafka put it, and how many times each must be in the
-tables, as a range: a record the operator skipped while a run was live may or may not have
-been read first (0 or 1), one the operator rewound over is read once more (+1).
+its id, a bad record by its bytes), where Kafka put it, which tables it reaches, and how many
+times it must be in each, as a range: a record the operator skipped while a run was live may or
+may not have been read first (0 or 1), and once Delta log cleanup took the reset's commit it may
+be read after all (the run says so); one the operator rewound over is read once more (+1); a
+table deleted and read again from Kafka's earliest offsets holds what Kafka holds once.
 
-Keys: ``("id", n)`` for a good event with id n (a row of the main table); ``("bad", bytes)`` for
-a bad record (a row of the dead-letter table, by its value).
+Keys: ``("id", n)`` for a good event with id n (a row of the tables it is routed to);
+``("bad", bytes)`` for a bad record (a row of the dead-letter table, by its value). A slot is
+one record in one table: ``(table, key)``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 Key = tuple[str, object]
+Slot = tuple[str, Key]  # (table, key)
 
 
 @dataclass
@@ -23,8 +27,8 @@ class Record:
     generation: int  # the topic's generation: 0, then 1 after it was deleted and created again
     partition: int
     offset: int
-    lo: int = 1
-    hi: int = 1
+    # How many times it must be in each table it reaches: table -> [least, most].
+    expect: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -32,6 +36,9 @@ class Model:
     records: dict[Key, Record] = field(default_factory=dict)
     next_id: int = 0
     next_bad: int = 0
+    # Slots the operator skipped: once Delta log cleanup took the reset's commit, a run that
+    # resumes where the rows end reads them again, and says so (offsets.stored.from_the_rows).
+    skipped: set[Slot] = field(default_factory=set)
 
     def add(self, record: Record) -> None:
         assert record.key not in self.records, record.key
@@ -44,28 +51,73 @@ class Model:
             if (r.topic, r.generation, r.partition) == (topic, generation, partition)
         ]
 
-    def skip(self, records: Iterable[Record], live_run: bool) -> None:
-        """The operator moved the offsets past ``records`` (not read yet): never read, or
-        (a run was live and may have read them first) read once."""
-        for r in records:
-            r.lo, r.hi = 0, (1 if live_run else 0)
+    def slots(self) -> Iterable[tuple[Slot, Record, list[int]]]:
+        for r in self.records.values():
+            for table, bounds in r.expect.items():
+                yield (table, r.key), r, bounds
+
+    def skip(self, slots: Iterable[Slot], live_run: bool) -> None:
+        """The operator moved the offsets past these records (not in these tables yet): never
+        read, or (a run was live and may have read them first) read once."""
+        for table, key in slots:
+            self.records[key].expect[table] = [0, 1 if live_run else 0]
+            self.skipped.add((table, key))
+
+    def log_cleaned(self) -> None:
+        """Delta log cleanup took the commits of the resets that skipped: each skipped record
+        may be read once after all (nothing left tells it from a RESTORE's undone one)."""
+        for table, key in self.skipped:
+            bounds = self.records[key].expect[table]
+            bounds[1] = max(bounds[1], 1)
 
     def rewind(self, records: Iterable[Record]) -> None:
         """The operator moved the offsets back over ``records`` (all read): a good record is
-        read and written once more; a bad one's dead letter is not sent again (dead letters are
-        idempotent by position, whatever reads the position again)."""
+        read and written once more into each table it reaches; a bad one's dead letter is not
+        sent again (dead letters are idempotent by position, whatever reads the position
+        again)."""
         for r in records:
             if r.key[0] == "id":
-                r.lo, r.hi = r.lo + 1, r.hi + 1
+                for table, bounds in r.expect.items():
+                    bounds[0] += 1
+                    bounds[1] += 1
+                    self.skipped.discard((table, r.key))
 
-    def compare(self, counts: dict[Key, int]) -> tuple[list[Key], list[Key]]:
-        """(lost, doubled): records found fewer times than the model's least, and records found
-        more times than its most (or not produced at all)."""
-        lost = [k for k, r in self.records.items() if counts.get(k, 0) < r.lo]
-        doubled = [k for k, n in counts.items() if k not in self.records or n > self.records[k].hi]
+    def reread(
+        self, table: str, held: Iterable[Record], maybe: Iterable[Record], dead: str
+    ) -> None:
+        """``table`` was deleted and read again from Kafka's earliest offsets: it holds each
+        record Kafka ``held`` once, whatever skips and rewinds came before, and the bad ones
+        among them are in the dead-letter table ``dead`` (once: by position); the records of
+        ``maybe`` (topics out of the subscription then) are there once or not at all; nothing
+        else is."""
+        held, maybe = list(held), list(maybe)
+        self.skipped = {slot for slot in self.skipped if slot[0] != table}
+        for r in self.records.values():
+            if table in r.expect:
+                r.expect[table] = [0, 0]
+        for r in maybe:
+            if table in r.expect:
+                r.expect[table] = [0, 1]
+            elif r.key[0] == "bad":
+                r.expect[dead] = [r.expect[dead][0], 1]
+        for r in held:
+            if table in r.expect:
+                r.expect[table] = [1, 1]
+            elif r.key[0] == "bad":
+                r.expect[dead] = [1, 1]
+
+    def compare(self, counts: dict[Slot, int]) -> tuple[list[Slot], list[Slot]]:
+        """(lost, doubled): slots found fewer times than the model's least, and slots found
+        more times than its most (or of a record never produced, or not routed there)."""
+        lost = [slot for slot, _, (lo, _hi) in self.slots() if counts.get(slot, 0) < lo]
+        doubled = [
+            (table, key)
+            for (table, key), n in counts.items()
+            if key not in self.records or n > self.records[key].expect.get(table, [0, 0])[1]
+        ]
         return lost, doubled
 
     def exactly_once(self) -> bool:
-        """Whether the model wants every record in the tables at most once (no rewind made a
-        second copy): then ``offsets verify`` must pass on a table the model accepts."""
-        return all(r.hi <= 1 for r in self.records.values())
+        """Whether the model wants every record in each table at most once (no rewind made a
+        second copy): then ``offsets verify`` must pass on tables the model accepts."""
+        return all(hi <= 1 for _, _, (_lo, hi) in self.slots())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kafka_delta.runtime.faults import armed
 
 from opslib.model import Model
-from opslib.world import Ended, World
+from opslib.world import DEAD, Ended, World
 
 # Driver-side crash points a run can stop at in this process (kafka_delta.runtime.faults).
 CRASH_POINTS = (
@@ -70,7 +70,7 @@ def follow_recreated_sentence(world: World, sentence: str) -> None:
             )  # fmt: skip
             if code != 0:
                 raise Stuck(f"offsets reset of recreated topic {topic}: {out[-1000:]}")
-            world.restore_floor = max(world.restore_floor, world.table_version())
+            world.after_reset()
 
 
 def wait_caught_up(world: World, model: Model, timeout: float = 120.0) -> None:
@@ -78,10 +78,12 @@ def wait_caught_up(world: World, model: Model, timeout: float = 120.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout
-    wanted = {k for k, r in model.records.items() if r.topic in world.subscribed and r.lo >= 1}
+    wanted = {
+        slot: lo for slot, r, (lo, _hi) in model.slots() if r.topic in world.subscribed and lo >= 1
+    }
     while True:
         counts = world.counts()
-        if all(counts.get(k, 0) >= model.records[k].lo for k in wanted):
+        if all(counts.get(slot, 0) >= lo for slot, lo in wanted.items()):
             world.catch_ups.append(world.latest())
             return
         if world.live is None or world.live.failure:
@@ -206,18 +208,16 @@ def skip(world: World, model: Model, rng: random.Random, count: int, live: int) 
         if "holds no commits" in out or "does not exist" in out:
             return f"no table to reset yet: {out.strip()[-200:]}"
         raise Stuck(f"offsets reset --to-latest: {out[-1500:]}")
-    # Everything of the topic not in the tables yet is skipped: these records, and any the
-    # pipeline had not read (a RESTORE undid them, a run was stopped before them).
+    # Everything of the topic not in a table yet is skipped there: these records, and any the
+    # pipeline had not read into it (a RESTORE undid them, a run was stopped before them).
     counts = world.counts()
     unread = [
-        r
-        for r in model.records.values()
-        if r.topic == name
-        and r.generation == world.generation[name]
-        and counts.get(r.key, 0) < r.lo
+        slot
+        for slot, r, (lo, _hi) in model.slots()
+        if r.topic == name and r.generation == world.generation[name] and counts.get(slot, 0) < lo
     ]
     model.skip(unread, live_run=world.live is not None)
-    world.restore_floor = max(world.restore_floor, world.table_version())
+    world.after_reset()
     return f"{count} records of {name} skipped ({'live run' if world.live else 'no run'})"
 
 
@@ -251,34 +251,37 @@ def rewind(world: World, model: Model, rng: random.Random, back: int, live: int)
         and r.generation == world.generation[r.topic]
         and r.offset >= moves[(r.topic, r.partition)]
     )
-    world.restore_floor = max(world.restore_floor, world.table_version())
+    world.after_reset()
     keep_records_coming(world, model, rng)
     return f"rewound {spec} ({'live run' if world.live else 'no run'})"
 
 
 def restore(world: World, model: Model, rng: random.Random, back: int, live: int) -> str:
-    """Delta's RESTORE to an earlier commit of the pipeline, by the sink's own engine, with the
-    continuous run live or not. Only to versions after the newest reset or topic re-creation:
-    a RESTORE undoing those moves the operator's own choices back, which the model does not
-    follow (the pipeline does)."""
+    """Delta's RESTORE of one table to an earlier commit of the pipeline, by the sink's own
+    engine, with the continuous run live or not. Only to versions after the newest reset or
+    topic re-creation: a RESTORE undoing those moves the operator's own choices back, which the
+    model does not follow (the pipeline does)."""
     if not live % 2:
         stop_live(world)
-    candidates = [v for v in world.pipeline_versions() if v > world.restore_floor]
+    table = world.tables[(back + live) % len(world.tables)]
+    candidates = [v for v in world.pipeline_versions(table) if v > world.restore_floor[table]]
     if len(candidates) < 2:
-        return "no commit to restore to"
+        return f"no commit of {table} to restore to"
     version = candidates[-2 - back % (len(candidates) - 1)]
-    world.restore(version)
+    world.restore(table, version)
     keep_records_coming(world, model, rng)
-    return f"restored to version {version} ({'live run' if world.live else 'no run'})"
+    where = f"{table} " if world.several else ""
+    return f"{where}restored to version {version} ({'live run' if world.live else 'no run'})"
 
 
 def clean_log(world: World, model: Model, rng: random.Random) -> str:
     world.clean_up_the_log()
+    model.log_cleaned()
     return "log cleaned up"
 
 
 def maintain(world: World, model: Model, rng: random.Random, full: int) -> str:
-    if world.table_version() < 0:
+    if all(world.table_version(t) < 0 for t in world.tables):
         return "no table yet"
     argv = ["table", "maintain", "--config", world.config_file()]
     if full % 2:
@@ -314,7 +317,7 @@ def recreate_topic(world: World, model: Model, rng: random.Random, topic: int, c
     stop_live(world)
     world.recreate(name)
     world.produce_good(model, name, count, rng)
-    world.restore_floor = max(world.restore_floor, world.table_version())
+    world.after_reset()
     return f"{name} deleted, created again and given {count} events"
 
 
@@ -361,6 +364,32 @@ def add_partitions(world: World, model: Model, rng: random.Random, topic: int) -
     return f"{name} gained a partition" if world.add_partitions(name) else "refused by the broker"
 
 
+def delete_table(world: World, model: Model, rng: random.Random, table: int) -> str:
+    """One table of several deleted (by mistake, or to fill it again): the next run must refuse
+    with its sentence (restore the table, or delete the checkpoint to re-read it from Kafka's
+    earliest offsets, the other tables skipping what they hold), and the operator does the
+    second."""
+    name = world.tables[table % len(world.tables)]
+    if world.table_version(name) < 0:
+        return f"no table {name} yet"
+    stop_live(world)
+    world.delete_table(name)
+    result = world.run_once()
+    advice = "delete the checkpoint to re-read it from Kafka's earliest offsets"
+    if result.outcome != "CheckpointMismatchError" or advice not in result.text:
+        raise Stuck(f"the run after table {name} was deleted: {result.outcome}: {result.text}")
+    world.delete_checkpoint()
+    current = [r for r in model.records.values() if r.generation == world.generation[r.topic]]
+    model.reread(
+        name,
+        held=[r for r in current if r.topic in world.subscribed],
+        maybe=[r for r in current if r.topic not in world.subscribed],
+        dead=DEAD,
+    )
+    run_to_end(world, model)
+    return f"{name} deleted; the checkpoint deleted as the run said; {name} read again"
+
+
 # name -> (function, weight, number of integer arguments)
 MOVES: dict[str, tuple[Callable[..., str], int, int]] = {
     "produce": (produce, 8, 2),
@@ -382,20 +411,27 @@ MOVES: dict[str, tuple[Callable[..., str], int, int]] = {
     "race": (race, 1, 0),
     "add_partitions": (add_partitions, 1, 1),
 }
+# A world of several tables has one move more.
+MOVES_OF_SEVERAL = {**MOVES, "delete_table": (delete_table, 2, 1)}
 
 
-def draw(rng: random.Random, count: int) -> list[Move]:
+def moves_of(several: bool) -> dict[str, tuple[Callable[..., str], int, int]]:
+    return MOVES_OF_SEVERAL if several else MOVES
+
+
+def draw(rng: random.Random, count: int, several: bool = False) -> list[Move]:
     """A sequence of ``count`` moves, with their arguments, from ``rng``."""
-    names = list(MOVES)
-    weights = [MOVES[n][1] for n in names]
+    offered = moves_of(several)
+    names = list(offered)
+    weights = [offered[n][1] for n in names]
     moves = []
     for _ in range(count):
         name = rng.choices(names, weights)[0]
-        args = tuple(rng.randrange(10, 120) for _ in range(MOVES[name][2]))
+        args = tuple(rng.randrange(10, 120) for _ in range(offered[name][2]))
         moves.append(Move(name, args))
     return moves
 
 
 def apply(move: Move, world: World, model: Model, rng: random.Random) -> str:
-    function = MOVES[move.name][0]
+    function = MOVES_OF_SEVERAL[move.name][0]
     return function(world, model, rng, *move.args)

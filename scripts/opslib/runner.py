@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opslib.model import Key, Model
+from opslib.model import Model, Slot
 from opslib.moves import Move, Stuck, apply, draw, run_to_end, stop_live
 from opslib.world import World
 
@@ -27,8 +27,8 @@ CAUGHT_UP = {"run", "race"}
 class Result:
     moves: list[Move]
     done: int = 0
-    lost: list[Key] = field(default_factory=list)
-    doubled: list[Key] = field(default_factory=list)
+    lost: list[Slot] = field(default_factory=list)
+    doubled: list[Slot] = field(default_factory=list)
     stuck: str | None = None
     verify_disagrees: str | None = None
     failed_at: int | None = None
@@ -56,7 +56,15 @@ class Result:
 
 
 class Runner:
-    def __init__(self, spark: Any, bootstrap: str, workdir: Path, sink: str, log: Callable) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        bootstrap: str,
+        workdir: Path,
+        sink: str,
+        log: Callable,
+        several: bool = False,
+    ) -> None:
         self.spark, self.bootstrap, self.workdir, self.sink, self.log = (
             spark,
             bootstrap,
@@ -64,11 +72,14 @@ class Runner:
             sink,
             log,
         )
+        self.several = several  # a pipeline of several tables (world.ROUTES)
 
     def run(self, seed: int, moves: list[Move]) -> Result:
         """Run ``moves`` after the prologue on fresh topics and a fresh table."""
         name = f"s{seed}-{uuid.uuid4().hex[:6]}"
-        world = World(self.spark, self.bootstrap, self.workdir, self.sink, name, self.log)
+        world = World(
+            self.spark, self.bootstrap, self.workdir, self.sink, name, self.log, self.several
+        )
         model = Model()
         rng = random.Random(seed)
         all_moves = [*PROLOGUE, *moves]
@@ -122,7 +133,7 @@ class Runner:
             return
         # Records of a topic out of the subscription wait in Kafka: not lost (the end of the
         # sequence subscribes every topic again).
-        result.lost = [k for k in lost if model.records[k].topic in world.subscribed]
+        result.lost = [s for s in lost if model.records[s[1]].topic in world.subscribed]
         lost = result.lost
         code, out = world.command(
             "offsets", "verify", "--against-kafka", "--config", world.config_file()
@@ -153,5 +164,5 @@ class Runner:
         return current
 
 
-def sequence(seed: int, length: int) -> list[Move]:
-    return draw(random.Random(seed), length)
+def sequence(seed: int, length: int, several: bool = False) -> list[Move]:
+    return draw(random.Random(seed), length, several)

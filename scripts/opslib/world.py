@@ -32,12 +32,24 @@ from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.orders import TRANSFORM
 from kafka_delta_dev.produce import ensure_topics, event, produce_values
 
-from opslib.model import Key, Model, Record
+from opslib.model import Key, Model, Record, Slot
 
 # How a run may end that an operator expects, by the exception that ends it: what to do next.
-EXPECTED = ("FencingError", "TopicRecreatedError", "InjectedCrash", "CheckpointInUseError")
+EXPECTED = (
+    "FencingError",
+    "TopicRecreatedError",
+    "InjectedCrash",
+    "CheckpointInUseError",
+    "CheckpointMismatchError",
+)
 PARTITIONS = 2
 PER_BATCH = 40
+# The dead-letter table, as the model names it (the tables share one: each holds a bad record
+# once).
+DEAD = "dead letters"
+# A world of several tables: every topic into "all"; into "even", the events with an even id
+# (record routing, a route on the transform's output).
+ROUTES = {"all": None, "even": "id % 2 = 0"}
 
 
 @dataclass
@@ -70,12 +82,28 @@ class Live:
 
 class World:
     def __init__(
-        self, spark: Any, bootstrap: str, workdir: Path, sink: str, name: str, log: Any
+        self,
+        spark: Any,
+        bootstrap: str,
+        workdir: Path,
+        sink: str,
+        name: str,
+        log: Any,
+        several: bool = False,
     ) -> None:
         self.spark, self.bootstrap, self.sink, self.log = spark, bootstrap, sink, log
         self.work = workdir / name
         self.work.mkdir(parents=True)
-        self.table = str(self.work / "table")
+        # The tables' paths by name (and the dead-letter table's); one table: the config's
+        # delta.table, with its default dead-letter table beside it.
+        self.several = several
+        if several:
+            self.paths = {t: str(self.work / t) for t in ROUTES}
+            self.paths[DEAD] = str(self.work / "dead-letters")
+        else:
+            self.paths = {"table": str(self.work / "table")}
+            self.paths[DEAD] = self.paths["table"] + "_dead_letters"
+        self.tables = [t for t in self.paths if t != DEAD]
         self.checkpoint = str(self.work / "checkpoint")
         self.other_checkpoint = str(self.work / "other-checkpoint")
         self.topics = [f"{name}-{t}" for t in ("a", "b", "c")]
@@ -85,9 +113,9 @@ class World:
         self.generation = dict.fromkeys(self.topics, 0)
         self.pipeline_id = f"ops-{name}"
         self.live: Live | None = None
-        # Delta version past which a RESTORE keeps the model true: the newest reset, or the
-        # table's version when a topic was created again (see moves.Restore).
-        self.restore_floor = -1
+        # Per table, the Delta version past which a RESTORE keeps the model true: the newest
+        # reset, or the table's version when a topic was created again (see moves.restore).
+        self.restore_floor = dict.fromkeys(self.tables, -1)
         # Kafka's latest offsets at each catch-up point, for rewinds to them.
         self.catch_ups: list[dict[tuple[str, int], int]] = []
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -114,7 +142,7 @@ class World:
                     "max_records_per_trigger": PER_BATCH,
                     "fail_on_data_loss": True,
                 },
-                "delta": {"table": self.table},
+                **self._tables(),
                 "checkpoint": checkpoint or self.checkpoint,
                 "trigger": {
                     "mode": "processing_time" if continuous else "available_now",
@@ -123,6 +151,29 @@ class World:
                 "commit_back": {"timeout_seconds": 10},
             }
         )
+
+    def _tables(self) -> dict[str, Any]:
+        if not self.several:
+            return {"delta": {"table": self.paths["table"]}}
+        return {
+            "tables": {
+                name: {
+                    "path": self.paths[name],
+                    "dead_letters": {"table": self.paths[DEAD]},
+                    **({"route": route} if route else {}),
+                }
+                for name, route in ROUTES.items()
+            }
+        }
+
+    def reaches(self, key: Key) -> list[str]:
+        """The tables a record lands in: a bad one, the dead-letter table; a good one, the
+        tables whose routes it passes."""
+        if key[0] == "bad":
+            return [DEAD]
+        if not self.several:
+            return ["table"]
+        return ["all"] + (["even"] if int(key[1]) % 2 == 0 else [])  # type: ignore[call-overload]
 
     def config_file(self, config: PipelineConfig | None = None) -> str:
         self._config_seq += 1
@@ -207,7 +258,7 @@ class World:
         landed."""
         placed = self._produce(topic, values, transactional)
         records = [
-            Record(key, topic, self.generation[topic], p, o)
+            Record(key, topic, self.generation[topic], p, o, {t: [1, 1] for t in self.reaches(key)})
             for key, (p, o) in zip(keys, placed, strict=True)
         ]
         for r in records:
@@ -273,60 +324,75 @@ class World:
 
     # -- what the tables hold (delta-rs, not the engine) ------------------------------------
 
-    def counts(self) -> dict[Key, int]:
-        found: Counter[Key] = Counter()
+    def counts(self) -> dict[Slot, int]:
+        found: Counter[Slot] = Counter()
+        for table in self.tables:
+            try:
+                ids = DeltaTable(self.paths[table]).to_pyarrow_table(columns=["id"])["id"]
+            except TableNotFoundError:
+                continue
+            found.update((table, ("id", i)) for i in ids.to_pylist())
         try:
-            ids = DeltaTable(self.table).to_pyarrow_table(columns=["id"])["id"].to_pylist()
-        except TableNotFoundError:
-            ids = []
-        found.update(("id", i) for i in ids)
-        try:
-            letters = DeltaTable(self.table + "_dead_letters").to_pyarrow_table(columns=["value"])
+            letters = DeltaTable(self.paths[DEAD]).to_pyarrow_table(columns=["value"])
         except TableNotFoundError:
             letters = pa.table({"value": pa.array([], pa.binary())})
-        found.update(("bad", v) for v in letters["value"].to_pylist())
+        found.update((DEAD, ("bad", v)) for v in letters["value"].to_pylist())
         return dict(found)
 
-    def pipeline_versions(self) -> list[int]:
-        """Delta versions of the pipeline's commits (data or reset), oldest first."""
+    def pipeline_versions(self, table: str) -> list[int]:
+        """Delta versions of the pipeline's commits (data or reset) to ``table``, oldest
+        first."""
         try:
-            history = DeltaTable(self.table).history()
+            history = DeltaTable(self.paths[table]).history()
         except TableNotFoundError:
             return []
         tag = re.compile(rf'"pipeline_id":"{re.escape(self.pipeline_id)}"')
         return sorted(int(c["version"]) for c in history if tag.search(str(c.get("userMetadata"))))
 
-    def table_version(self) -> int:
+    def table_version(self, table: str) -> int:
         try:
-            return DeltaTable(self.table).version()
+            return DeltaTable(self.paths[table]).version()
         except TableNotFoundError:
             return -1
 
-    def restore(self, version: int) -> None:
+    def after_reset(self) -> None:
+        """A RESTORE to before now would undo the operator's own move: not drawn."""
+        for table in self.tables:
+            self.restore_floor[table] = max(self.restore_floor[table], self.table_version(table))
+
+    def restore(self, table: str, version: int) -> None:
+        path = self.paths[table]
         if self.sink == "delta_spark":
-            self.spark.sql(f"RESTORE TABLE delta.`{self.table}` TO VERSION AS OF {version}")
+            self.spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF {version}")
         else:
-            DeltaTable(self.table).restore(version)
+            DeltaTable(path).restore(version)
 
     def clean_up_the_log(self) -> None:
-        """What Delta's log cleanup leaves after the retention period: other writers committed,
-        a Delta checkpoint was written, and every JSON commit it covers is deleted."""
-        try:
-            table = DeltaTable(self.table)
-        except TableNotFoundError:
-            return
-        schema = pa.schema(table.schema().to_arrow())
-        for _ in range(2):
-            write_deltalake(self.table, schema.empty_table(), mode="append")
-        table = DeltaTable(self.table)
-        table.create_checkpoint()
-        covered = table.version()
-        log = Path(self.table) / "_delta_log"
-        for commit in log.glob("*.json"):
-            if int(commit.stem) < covered:
-                commit.unlink()
-                (log / f".{commit.name}.crc").unlink(missing_ok=True)
-                (log / f"{commit.stem}.crc").unlink(missing_ok=True)
+        """What Delta's log cleanup leaves after the retention period, in every table: other
+        writers committed, a Delta checkpoint was written, and every JSON commit it covers is
+        deleted."""
+        for table in self.tables:
+            path = self.paths[table]
+            try:
+                delta = DeltaTable(path)
+            except TableNotFoundError:
+                continue
+            schema = pa.schema(delta.schema().to_arrow())
+            for _ in range(2):
+                write_deltalake(path, schema.empty_table(), mode="append")
+            delta = DeltaTable(path)
+            delta.create_checkpoint()
+            covered = delta.version()
+            log = Path(path) / "_delta_log"
+            for commit in log.glob("*.json"):
+                if int(commit.stem) < covered:
+                    commit.unlink()
+                    (log / f".{commit.name}.crc").unlink(missing_ok=True)
+                    (log / f"{commit.stem}.crc").unlink(missing_ok=True)
+
+    def delete_table(self, table: str) -> None:
+        shutil.rmtree(self.paths[table])
+        self.restore_floor[table] = -1
 
     def delete_checkpoint(self) -> None:
         shutil.rmtree(self.checkpoint, ignore_errors=True)
