@@ -39,6 +39,9 @@ class Model:
     # Slots the operator skipped: once Delta log cleanup took the reset's commit, a run that
     # resumes where the rows end reads them again, and says so (offsets.stored.from_the_rows).
     skipped: set[Slot] = field(default_factory=set)
+    # Of those, the ones log cleanup let be read once more than before: found in their table,
+    # they were read again, which the run must have said (see compare).
+    loosened: set[Slot] = field(default_factory=set)
 
     def add(self, record: Record) -> None:
         assert record.key not in self.records, record.key
@@ -68,6 +71,8 @@ class Model:
         may be read once after all (nothing left tells it from a RESTORE's undone one)."""
         for table, key in self.skipped:
             bounds = self.records[key].expect[table]
+            if bounds[1] == 0:
+                self.loosened.add((table, key))
             bounds[1] = max(bounds[1], 1)
 
     def rewind(self, records: Iterable[Record]) -> None:
@@ -81,6 +86,7 @@ class Model:
                     bounds[0] += 1
                     bounds[1] += 1
                     self.skipped.discard((table, r.key))
+                    self.loosened.discard((table, r.key))
 
     def reread(
         self, table: str, held: Iterable[Record], maybe: Iterable[Record], dead: str
@@ -92,6 +98,7 @@ class Model:
         else is."""
         held, maybe = list(held), list(maybe)
         self.skipped = {slot for slot in self.skipped if slot[0] != table}
+        self.loosened = {slot for slot in self.loosened if slot[0] != table}
         for r in self.records.values():
             if table in r.expect:
                 r.expect[table] = [0, 0]
@@ -106,14 +113,24 @@ class Model:
             elif r.key[0] == "bad":
                 r.expect[dead] = [1, 1]
 
-    def compare(self, counts: dict[Slot, int]) -> tuple[list[Slot], list[Slot]]:
+    def compare(
+        self, counts: dict[Slot, int], said_read_again: bool = True
+    ) -> tuple[list[Slot], list[Slot]]:
         """(lost, doubled): slots found fewer times than the model's least, and slots found
-        more times than its most (or of a record never produced, or not routed there)."""
+        more times than its most (or of a record never produced, or not routed there).
+        ``said_read_again``: whether a run warned that it read records again past the rows;
+        without that warning a loosened slot may not be found at all (read again silently)."""
         lost = [slot for slot, _, (lo, _hi) in self.slots() if counts.get(slot, 0) < lo]
+
+        def most(table: str, key: Key) -> int:
+            if not said_read_again and (table, key) in self.loosened:
+                return 0
+            return self.records[key].expect.get(table, [0, 0])[1]
+
         doubled = [
             (table, key)
             for (table, key), n in counts.items()
-            if key not in self.records or n > self.records[key].expect.get(table, [0, 0])[1]
+            if key not in self.records or n > most(table, key)
         ]
         return lost, doubled
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import random
 import re
 import shutil
@@ -71,6 +72,19 @@ def ended(exc: BaseException | None) -> Ended:
     return Ended("stuck", f"{type(exc).__name__}: {str(exc)[:2000]}")
 
 
+class ReadAgainWarnings(logging.Handler):
+    """Counts the runs' warnings that they read records again past where a table's rows end
+    (kafka_delta.pipeline, after log cleanup: offsets.stored.from_the_rows)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("this run reads again"):
+            self.count += 1
+
+
 @dataclass
 class Live:
     """A continuous run in a thread of this process."""
@@ -120,6 +134,11 @@ class World:
         self.catch_ups: list[dict[tuple[str, int], int]] = []
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self._config_seq = 0
+        self.read_again = ReadAgainWarnings()
+        logging.getLogger("kafka_delta.pipeline").addHandler(self.read_again)
+
+    def close(self) -> None:
+        logging.getLogger("kafka_delta.pipeline").removeHandler(self.read_again)
 
     # -- configs ---------------------------------------------------------------------------
 
