@@ -413,5 +413,10 @@ class World:
         shutil.rmtree(self.paths[table])
         self.restore_floor[table] = -1
 
+    def checkpoint_has_progress(self) -> bool:
+        """Spark recorded a finished batch in the checkpoint (its ``commits/`` folder)."""
+        commits = Path(self.checkpoint) / "commits"
+        return commits.is_dir() and any(p.name.isdigit() for p in commits.iterdir())
+
     def delete_checkpoint(self) -> None:
         shutil.rmtree(self.checkpoint, ignore_errors=True)
