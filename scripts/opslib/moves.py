@@ -110,8 +110,12 @@ def keep_records_coming(world: World, model: Model, rng: random.Random) -> None:
 
 
 def stop_live(world: World) -> None:
+    """Stop the continuous run; one that ended on a recreated topic is followed as its sentence
+    says (as run_to_end does)."""
     result = world.stop_continuous()
-    if result.outcome not in (None, "FencingError", "InjectedCrash"):
+    if result.outcome == "TopicRecreatedError":
+        follow_recreated_sentence(world, result.text)
+    elif result.outcome not in (None, "FencingError", "InjectedCrash"):
         raise Stuck(result.text)
 
 
@@ -387,7 +391,7 @@ def delete_table(world: World, model: Model, rng: random.Random, table: int) -> 
         run_to_end(world, model)
         return f"{name} deleted (a new checkpoint): read again"
     result = world.run_once()
-    advice = "delete the checkpoint to re-read it from Kafka's earliest offsets"
+    advice = "delete the checkpoint to re-read"
     if result.outcome != "CheckpointMismatchError" or advice not in result.text:
         raise Stuck(f"the run after table {name} was deleted: {result.outcome}: {result.text}")
     world.delete_checkpoint()

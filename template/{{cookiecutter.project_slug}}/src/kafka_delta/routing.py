@@ -209,14 +209,19 @@ def _named(
     pipeline_id: str,
     finished: Callable[[BatchCommit, str | None], bool],
 ) -> dict[str | None, set[str]] | None:
-    """Per table, the tables its newest commit names (empty: it names none, or its batch is
-    one the checkpoint did not finish); None when a newest commit is not in the log."""
+    """Per table, the tables its newest commit names (empty: it names none); None when a newest
+    commit is not in the log. Of a batch the checkpoint did not finish (the run died in it), the
+    commit may name a table that never committed (added by that run): the tables the commit
+    before it named count instead (none, when it was the table's first)."""
     named: dict[str | None, set[str]] = {}
     for run, held in holding:
         record = parse_user_metadata(held.user_metadata, pipeline_id)
         if record is None:
             return None
-        named[run.name] = set(record.tables) if finished(record, run.name) else set()
+        if finished(record, run.name):
+            named[run.name] = set(record.tables)
+        else:
+            named[run.name] = set(held.earlier_tables or ())
     return named
 
 

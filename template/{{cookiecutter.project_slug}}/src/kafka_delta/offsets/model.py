@@ -385,6 +385,10 @@ class StoredOffsets:
     # copy) name an offset past where the rows end, with that offset. The records between are
     # read again, and nothing left tells what they were (see offsets.stored.from_the_rows).
     past_the_rows: Offsets | None = field(default=None, compare=False)
+    # The tables the pipeline's commit before this one (in this table's log) named, when it was
+    # read with it (kafka_delta.routing: a batch a run died in may name a table that never
+    # committed; the commit before says which tables the pipeline had).
+    earlier_tables: tuple[str, ...] | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         if self.restore is not None and self.delta_version is None and not self.offsets:

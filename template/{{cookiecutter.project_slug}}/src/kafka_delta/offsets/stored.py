@@ -231,10 +231,14 @@ def _with_unnamed_partitions(
 def newest_stored(
     history: Iterable[Mapping[str, object]], pipeline_id: str
 ) -> StoredOffsets | None:
-    """First commit of ``pipeline_id`` in ``history`` (newest first, Delta commitInfo dicts)."""
-    for commit in history:
+    """First commit of ``pipeline_id`` in ``history`` (newest first, Delta commitInfo dicts),
+    with the tables the next one in ``history`` names, if there is one."""
+    entries = iter(history)
+    for commit in entries:
         record = parse_user_metadata(commit.get("userMetadata"), pipeline_id)
         if record is not None:
+            earlier = (parse_user_metadata(e.get("userMetadata"), pipeline_id) for e in entries)
+            before = next((r for r in earlier if r is not None), None)
             return StoredOffsets(
                 offsets=record.end_offsets,
                 delta_version=int(commit["version"]),  # type: ignore[call-overload]
@@ -244,6 +248,7 @@ def newest_stored(
                 user_metadata=str(commit.get("userMetadata")),
                 reset=record.reset,
                 topic_ids=record.topic_ids,
+                earlier_tables=tuple(before.tables) if before is not None else None,
             )
     return None
 
