@@ -198,6 +198,12 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta offsets") -> in
                     continue
                 if config.tables:
                     print(f"table {view.table_name}:")
+                    gone = open_table(view.delta.table, view.delta.storage_options) is None
+                    if gone and len(views) > 1:
+                        # Deleted, or not written yet: it stores no offsets, so a reset of
+                        # the pipeline leaves it as it is (a run decides where it starts).
+                        print(f"no Delta table at {view.delta.table}: no offsets to reset")
+                        continue
                 status = max(status, run_reset(view, own, group=group))
             return status
         from kafka_delta.commands.verify import run_verify
