@@ -1,5 +1,5 @@
 """The real parts one sequence of moves runs on: the broker and the Spark session every sequence
-shares (one process, one session: a move costs seconds), and the sequence's own topics, table,
+shares (one process, one session: a move costs seconds), and the sequence's own topics, tables,
 checkpoints and config. Runs are the engine's Pipeline, in this process; a continuous run and a
 racing one are threads. What the tables hold is read with delta-rs, Kafka with confluent-kafka:
 never through the engine's code."""
