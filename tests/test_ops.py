@@ -57,8 +57,8 @@ def _run_ops(tmp_path: Path, sink: str, tables: int, seeds: list[int]) -> tuple[
     assert match, output[-8000:]
     name, of_tables, sequences, moves, lost, doubled, stuck, disagreements = match.groups()
     assert (name, int(of_tables), int(sequences)) == (sink, tables, len(seeds))
-    assert int(moves) >= len(seeds) * (MOVES + 3), last
     assert (lost, doubled, stuck, disagreements) == ("0", "0", "0", "0"), output[-8000:]
+    assert int(moves) >= len(seeds) * (MOVES + 3), last
     assert result.returncode == 0, output[-8000:]
     (offered,) = re.findall(r"; moves: (.*)$", result.stdout, re.MULTILINE)
     made = set(re.findall(r"\b([a-z_]+)(?:\(|\s|$)", " ".join(SEQUENCE.findall(result.stdout))))

@@ -249,6 +249,25 @@ def test_two_runs_starting_at_once_on_one_checkpoint_agree_that_the_older_lease_
         lease.release()
 
 
+def test_a_run_slow_to_write_its_lease_after_another_went_on_is_refused(tmp_path: Path) -> None:
+    """Found by the operations harness (two runs racing on one checkpoint, threads of one
+    process): the slower run made its lease first but wrote it after the faster one had read the
+    leases and gone on. Its key was the older, so it went on too: two runs on one checkpoint.
+    The key is now taken once the lease is visible."""
+    cfg = _config(tmp_path, "127.0.0.1:9", "t")
+    slow = RunLease(cfg)  # made first...
+    time.sleep(0.01)
+    fast = RunLease(cfg).acquire()
+    fast.first_on_checkpoint()  # ...but the other read the leases before it wrote: goes on
+    slow.acquire()
+    try:
+        with pytest.raises(CheckpointInUseError, match="is in use by another run"):
+            slow.first_on_checkpoint()
+    finally:
+        slow.release()
+        fast.release()
+
+
 _CHECKPOINT_HOLDER = """
 import sys, time, yaml
 sys.path.insert(0, {src!r})

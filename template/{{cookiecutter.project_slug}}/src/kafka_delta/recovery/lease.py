@@ -25,6 +25,9 @@ holds a lease on the same checkpoint (:class:`CheckpointInUseError`). Two runs t
 the same moment both write their lease before either reads the others'; each then sees the
 other, and the one whose lease is older by ``(started_ms, run_id)`` (values both read from
 the same files, so both agree whatever the clocks say) goes on while the other stops.
+``started_ms`` is taken once the lease file is visible, so a run whose read missed another's
+lease holds the older key (on one clock: across hosts, clocks decide, and the Delta fence
+still stops a conflicting commit).
 
 A lease wrongly judged active (its run is gone but its heartbeat is still fresh, or a clock is
 off) never blocks an operator for good: the message names the lease file to delete, and
@@ -293,6 +296,12 @@ class RunLease:
             self._fs.move(temporary, self.path)  # readers never see half a file
 
     def acquire(self) -> RunLease:
+        self._write()
+        # The order key is taken once the lease can be seen, and written before the others'
+        # are read: a run that read the leases without seeing this one then holds an older
+        # key. Taken before the write, a run slow to write (a thread that lost the GIL) could
+        # hold the older key yet be unseen by a run that already went on: both went on.
+        self.lease = replace(self.lease, started_ms=_now_ms())
         self._write()
         self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
         self._thread.start()
