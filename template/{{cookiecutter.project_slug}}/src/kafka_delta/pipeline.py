@@ -430,12 +430,9 @@ class Pipeline:
         commits, and the rows end before them); None when it reads none."""
         if stored is None or not stored.past_the_rows:
             return None
-        start: Offsets = stored.offsets
-        if self.checkpoint.has_plan():  # Spark resumes after the newest batch it finished
-            done = self.checkpoint.newest_planned()
-            if done is not None and not self.checkpoint.is_committed(done):
-                done -= 1
-            start = self.checkpoint.end_offsets(done) if done is not None and done >= 0 else {}
+        start: Offsets = stored.offsets  # a new checkpoint starts where the table ends
+        if self.checkpoint.has_plan():  # Spark resumes from its checkpoint
+            start = self.checkpoint.resume_position()[2] or start
         ranges = [
             f"{topic}[{p}] {start.get(topic, {}).get(p, 0)}-{end - 1}"
             for topic, parts in sorted(stored.past_the_rows.items())

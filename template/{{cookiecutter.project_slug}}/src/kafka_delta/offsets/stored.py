@@ -164,18 +164,27 @@ def _past_the_rows(
         named = {topic: set(parts) for topic, parts in rows.items()}
         for topic, parts in (partitions() if partitions is not None else {}).items():
             named.setdefault(topic, set()).update(int(p) for p in parts)
-        hints = {}
-        for topic, parts in named.items():
-            for p in sorted(parts):
-                hint = log.transaction_version(partition_app_id(pipeline_id, topic, p))
-                if hint is not None:
-                    hints.setdefault(topic, {})[p] = hint
+        hints = _offset_txns(log, pipeline_id, named)
     past: dict[str, dict[int, int]] = {}
     for topic, parts in hints.items():
         for p, hint in parts.items():
             if hint > rows.get(topic, {}).get(p, 0):
                 past.setdefault(topic, {})[p] = hint
     return past or None
+
+
+def _offset_txns(
+    log: TableLog, pipeline_id: str, partitions: Mapping[str, Iterable[int]]
+) -> Offsets:
+    """The end offsets the partitions' offset txns name (delta-rs sink), of those that have one:
+    hints only (a RESTORE reverts no txn)."""
+    found: dict[str, dict[int, int]] = {}
+    for topic, parts in partitions.items():
+        for p in sorted(parts):
+            offset = log.transaction_version(partition_app_id(pipeline_id, topic, p))
+            if offset is not None:
+                found.setdefault(topic, {})[p] = offset
+    return found
 
 
 def _topic_id_digests(log: TableLog, pipeline_id: str, offsets: Offsets) -> dict[str, str] | None:
@@ -210,16 +219,15 @@ def _with_unnamed_partitions(
     if not missing:
         return stored
     positions = log.row_positions(sorted(missing))
-    found: dict[str, dict[int, int]] = {}
-    for topic, parts in missing.items():
-        for p in parts:
-            if positions is not None:
+    if positions is None:
+        found = _offset_txns(log, pipeline_id, missing)
+    else:
+        found = {}
+        for topic, parts in missing.items():
+            for p in parts:
                 highest = positions.get((topic, p))
-                offset = None if highest is None else highest + 1
-            else:
-                offset = log.transaction_version(partition_app_id(pipeline_id, topic, p))
-            if offset is not None:
-                found.setdefault(topic, {})[p] = offset
+                if highest is not None:
+                    found.setdefault(topic, {})[p] = highest + 1
     if not found:
         return stored
     offsets = {topic: dict(parts) for topic, parts in stored.offsets.items()}

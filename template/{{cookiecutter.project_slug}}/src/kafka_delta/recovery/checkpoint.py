@@ -117,6 +117,18 @@ class CheckpointLog:
         """True when Spark recorded ``batch_id`` as completed (``commits/<batch_id>``)."""
         return batch_id in self._batch_ids("commits")
 
+    def resume_position(self) -> tuple[int, bool, Offsets | None]:
+        """(newest planned batch, whether Spark committed it, where the checkpoint resumes: that
+        batch's end when committed, else its start; None when the start is not recorded). Only
+        once Spark planned a batch (:meth:`has_plan`)."""
+        planned = self.newest_planned()
+        assert planned is not None
+        if self.is_committed(planned):
+            return planned, True, self.end_offsets(planned)
+        if planned > 0:
+            return planned, False, self.end_offsets(planned - 1)
+        return planned, False, self.initial_offsets()
+
     def query_id(self) -> str | None:
         """The query id stored in the checkpoint's ``metadata`` file (None before the first
         start): stable across restarts of this checkpoint, new for a new one."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from kafka_delta.offsets.model import Offsets, StoredOffsets, app_id
+from kafka_delta.offsets.model import StoredOffsets, app_id
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError, local_path
 
 log = logging.getLogger(__name__)
@@ -61,18 +61,6 @@ def combined(verdicts: dict[str | None, Verdict]) -> Verdict:
     return Verdict("resume")
 
 
-def _resume_position(checkpoint: CheckpointLog) -> tuple[int, bool, Offsets | None]:
-    """(newest planned batch, whether Spark committed it, where the checkpoint resumes: that
-    batch's end when committed, else its start; None when the start is not recorded)."""
-    planned = checkpoint.newest_planned()
-    assert planned is not None
-    if checkpoint.is_committed(planned):
-        return planned, True, checkpoint.end_offsets(planned)
-    if planned > 0:
-        return planned, False, checkpoint.end_offsets(planned - 1)
-    return planned, False, checkpoint.initial_offsets()
-
-
 def judge(
     checkpoint: CheckpointLog,
     stored: StoredOffsets | None,
@@ -86,7 +74,7 @@ def judge(
     in ``tables:`` (its txnAppId names it), None for a pipeline of one table."""
     if stored is None or not checkpoint.has_plan():
         return Verdict("resume")
-    planned, committed, position = _resume_position(checkpoint)
+    planned, committed, position = checkpoint.resume_position()
     query_id = checkpoint.query_id()
     if (
         not committed
