@@ -3,6 +3,7 @@ checked against a model of what Kafka holds (I8, I9, I11, I12).
 
     scripts/ops --random 40 --seed 1 --sink delta_rs
     scripts/ops --random 40 --seed 1 --tables 2
+    scripts/ops --seed 60614 --tables 2 --replay 'skip(117, 61) rewind(32, 12)'
     KAFKA_DELTA_JARS=<folder> scripts/ops --random 40 --seed 1 --sink delta_spark
 
 Each sequence starts from two topics of records read once, then makes ``--moves`` moves drawn
@@ -19,11 +20,12 @@ recreated topic's offsets; delete the checkpoint to read a deleted table again).
 
 After every move nothing may be in the tables more often than the model allows; whenever the
 pipeline has caught up, nothing may be missing, and ``offsets verify --against-kafka`` must pass
-exactly when the model says the table is exact. A failing sequence prints its seed and the
-shortest sequence of moves that still fails. Everything runs in this process, on one Spark
-session and one broker: a move costs seconds. (A crash here is a run stopped by an exception at
-a crash point, which leaves the durable state a SIGKILL there leaves; real SIGKILLs are
-scripts/chaos's.)
+exactly when the model says the table is exact. A failing sequence prints its seed and
+the shortest sequence of moves that still fails; ``--seed S --replay 'MOVES'`` runs those moves
+again as printed (the seed drives what the moves draw inside: events, a race's checkpoint).
+Everything runs in this process, on one Spark session and one broker: a move costs seconds. (A
+crash here is a run stopped by an exception at a crash point, which leaves the durable state a
+SIGKILL there leaves; real SIGKILLs are scripts/chaos's.)
 
 Last line (exit 0 only when all four counts are 0):
 
@@ -42,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from opslib.moves import moves_of
+from opslib.moves import moves_of, parse
 from opslib.runner import Runner, sequence
 
 
@@ -100,8 +102,19 @@ def main(argv: list[str]) -> int:
         help="the pipeline's tables: 1, or 2 (tables: one of every event, one routed the "
         "events with an even id, sharing a dead-letter table; one move more: a table deleted)",
     )
+    parser.add_argument(
+        "--replay",
+        metavar="MOVES",
+        help="run these moves (as a failure prints them, e.g. 'skip(117, 61) rewind(32, 12)') "
+        "after the prologue, on --seed's (or each of --seeds') randomness, instead of drawn ones",
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     args = parser.parse_args(argv)
+    try:
+        replay = parse(args.replay) if args.replay is not None else None
+    except ValueError as exc:
+        print(f"error: --replay: {exc}", file=sys.stderr)
+        return 2
     confs = connector_confs(args.sink, args.delta_jars)
     if confs is None:
         print(
@@ -133,11 +146,13 @@ def main(argv: list[str]) -> int:
     )
     spark = spark_session(confs)
     runner = Runner(spark, bootstrap, args.workdir, args.sink, log, several)
-    seeds = args.seeds or [args.seed + n for n in range(args.random)]
+    seeds = args.seeds or (
+        [args.seed] if replay is not None else [args.seed + n for n in range(args.random)]
+    )
     totals = {"moves": 0, "lost": 0, "doubled": 0, "stuck": 0, "verify_disagreements": 0}
     try:
         for n, seed in enumerate(seeds):
-            moves = sequence(seed, args.moves, several)
+            moves = replay if replay is not None else sequence(seed, args.moves, several)
             log(f"sequence {n + 1}/{len(seeds)} (seed {seed}): {' '.join(map(str, moves))}")
             result = runner.run(seed, moves)
             totals["moves"] += result.done

@@ -16,6 +16,11 @@ import pytest
 from skips import DELTA, missing_connectors
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from opslib.moves import Move, parse  # noqa: E402
+from opslib.runner import sequence  # noqa: E402
+
 LAST_LINE = re.compile(
     r"^ops-random: sink=(\w+) tables=(\d) sequences=(\d+) moves=(\d+) lost=(\d+) "
     r"doubled=(\d+) stuck=(\d+) verify_disagreements=(\d+)$"
@@ -34,31 +39,47 @@ SEEDS_OF_TWO = [1, 383]
 OF_TWO = {"delete_table", "restore", "skip", "rewind", "clean_log", "crash", "race", "start"}
 SEQUENCE = re.compile(r"^\[ops [\d:]+\] sequence \d+/\d+ \(seed \d+\): (.*)$", re.MULTILINE)
 MOVES = 7
+# Seed 60614 on two tables, shrunk: a skip beside a live run, then a rewind over what it skipped.
+SHRUNK_OF_TWO = "skip(117, 61) rewind(32, 12)"
 
 
-def _run_ops(tmp_path: Path, sink: str, tables: int, seeds: list[int]) -> tuple[str, set[str]]:
-    """scripts/ops.py on ``seeds``: asserts nothing lost, doubled or stuck and ``offsets
-    verify`` agreeing; (the moves it offered, comma-separated; the moves its sequences made)."""
+def _run_ops(
+    tmp_path: Path,
+    sink: str,
+    tables: int,
+    seeds: list[int],
+    replay: str | None = None,
+    cwd: Path | None = None,
+    workdir: str | None = None,
+) -> tuple[str, set[str]]:
+    """scripts/ops.py on ``seeds`` (their drawn moves, or the moves of ``replay``), run in
+    ``cwd`` with ``workdir`` (default: an absolute folder in ``tmp_path``): asserts nothing
+    lost, doubled or stuck and ``offsets verify`` agreeing; (the moves it offered,
+    comma-separated; the moves its sequences made)."""
     argv = [sys.executable, str(REPO / "scripts" / "ops.py"), "--sink", sink]
+    # A replayed sequence is a shrunk one already: a failure shows it as it is.
+    moves = ("--replay", replay, "--no-shrink") if replay is not None else ("--moves", str(MOVES))
     result = subprocess.run(
         [
             *argv,
             *("--tables", str(tables)),
-            *("--seeds", ",".join(map(str, seeds)), "--moves", str(MOVES)),
-            *("--workdir", str(tmp_path / "ops")),
+            *("--seeds", ",".join(map(str, seeds)), *moves),
+            *("--workdir", workdir or str(tmp_path / "ops")),
         ],
         capture_output=True,
         text=True,
         timeout=1800,
+        cwd=cwd,
     )
     output = result.stdout + result.stderr
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     match = LAST_LINE.match(last)
     assert match, output[-8000:]
-    name, of_tables, sequences, moves, lost, doubled, stuck, disagreements = match.groups()
+    name, of_tables, sequences, made_moves, lost, doubled, stuck, disagreements = match.groups()
     assert (name, int(of_tables), int(sequences)) == (sink, tables, len(seeds))
     assert (lost, doubled, stuck, disagreements) == ("0", "0", "0", "0"), output[-8000:]
-    assert int(moves) >= len(seeds) * (MOVES + 3), last
+    per_sequence = len(parse(replay)) if replay is not None else MOVES
+    assert int(made_moves) >= len(seeds) * (per_sequence + 3), last
     assert result.returncode == 0, output[-8000:]
     (offered,) = re.findall(r"; moves: (.*)$", result.stdout, re.MULTILINE)
     made = set(re.findall(r"\b([a-z_]+)(?:\(|\s|$)", " ".join(SEQUENCE.findall(result.stdout))))
@@ -83,3 +104,16 @@ def test_random_operator_moves_on_two_tables_leave_each_record_exactly_once_in_e
     offered, made = _run_ops(tmp_path, sink, 2, SEEDS_OF_TWO)
     assert "delete_table" in offered.split(", "), offered
     assert made >= OF_TWO, made
+
+
+def test_a_printed_sequence_replays_as_drawn() -> None:
+    drawn = sequence(60614, 8, several=True)
+    assert parse(" ".join(map(str, drawn))) == drawn
+    assert parse(SHRUNK_OF_TWO) == [Move("skip", (117, 61)), Move("rewind", (32, 12))]
+    for bad, says in [
+        ("skip(1)", "skip takes 2 arguments, not 1"),
+        ("jump(1, 2)", "'jump' is not a move"),
+        ("run; stop", "not a move at"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse(bad)

@@ -11,6 +11,7 @@ other failure, or a second failure after that, is a stuck state.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -438,6 +439,31 @@ def draw(rng: random.Random, count: int, several: bool = False) -> list[Move]:
         name = rng.choices(names, weights)[0]
         args = tuple(rng.randrange(10, 120) for _ in range(offered[name][2]))
         moves.append(Move(name, args))
+    return moves
+
+
+MOVE_TEXT = re.compile(r"\s*([a-z_]+)(?:\(([\d,\s]*)\))?\s*")
+
+
+def parse(text: str) -> list[Move]:
+    """Moves as the harness prints them (``skip(117, 61) rewind(32, 12) run``), so that a
+    shrunk sequence replays as it was printed; ValueError names the first part that is not a
+    move with its number of arguments."""
+    text, moves, at = text.strip(), [], 0
+    while at < len(text):
+        match = MOVE_TEXT.match(text, at)
+        if not match or match.end() == at:
+            raise ValueError(f"not a move at {text[at : at + 30]!r}")
+        name, args = match.group(1), match.group(2)
+        if name not in MOVES_OF_SEVERAL:
+            raise ValueError(f"{name!r} is not a move (moves: {', '.join(MOVES_OF_SEVERAL)})")
+        values = tuple(int(a) for a in (args or "").split(",") if a.strip())
+        if len(values) != MOVES_OF_SEVERAL[name][2]:
+            raise ValueError(
+                f"{name} takes {MOVES_OF_SEVERAL[name][2]} arguments, not {len(values)}"
+            )
+        moves.append(Move(name, values))
+        at = match.end()
     return moves
 
 
