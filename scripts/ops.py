@@ -20,7 +20,7 @@ recreated topic's offsets; delete the checkpoint to read a deleted table again).
 
 After every move nothing may be in the tables more often than the model allows; whenever the
 pipeline has caught up, nothing may be missing, and ``offsets verify --against-kafka`` must pass
-exactly when the model says the table is exact. A failing sequence prints its seed and
+exactly when the tables hold each record at most once. A failing sequence prints its seed and
 the shortest sequence of moves that still fails; ``--seed S --replay 'MOVES'`` runs those moves
 again as printed (the seed drives what the moves draw inside: events, a race's checkpoint).
 Everything runs in this process, on one Spark session and one broker: a move costs seconds. (A

@@ -139,7 +139,7 @@ class Runner:
         code, out = world.command(
             "offsets", "verify", "--against-kafka", "--config", world.config_file()
         )
-        wanted = not lost and not doubled and model.exactly_once()
+        wanted = not lost and not doubled and model.exact(counts)
         if (code == 0) != wanted:
             verdict = "passes" if code == 0 else "fails"
             findings = [line for line in out.splitlines() if line.startswith(("FAIL", "error"))]
