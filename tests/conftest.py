@@ -27,6 +27,7 @@ from skips import is_allowed
 HEAVY = {
     "tests/test_ops.py::test_random_operator_moves": 130,
     "tests/test_bench.py::test_tiny_benchmark": 95,
+    "tests/test_ops.py::test_the_shrunk_case": 67,
     "tests/test_chaos.py::test_repeated_sigkills": 85,
     "tests/test_cruft.py::test_a_project_generated_before": 71,
     "tests/test_generated_project.py::test_a_generated_projects_own_suite": 67,

@@ -106,7 +106,10 @@ class World:
         several: bool = False,
     ) -> None:
         self.spark, self.bootstrap, self.sink, self.log = spark, bootstrap, sink, log
-        self.work = workdir / name
+        # Absolute: the paths go into config files in work/conf/, and a config file's relative
+        # paths hang off its project root (the folder holding conf/), not the working folder,
+        # so a relative --workdir would have the commands look under work/<workdir>/<name>/.
+        self.work = (workdir / name).resolve()
         self.work.mkdir(parents=True)
         # The tables' paths by name (and the dead-letter table's); one table: the config's
         # delta.table, with its default dead-letter table beside it.
