@@ -55,7 +55,7 @@ def test_bundle_declares_every_variable_it_uses_and_hard_codes_no_workspace(bund
     text = BUNDLE.read_text(encoding="utf-8")
     used = set(re.findall(r"\$\{var\.([A-Za-z_][A-Za-z0-9_]*)\}", text))
     assert used <= set(bundle["variables"]), used - set(bundle["variables"])
-    assert set(bundle["targets"]) == {"dev", "prod"}
+    assert set(bundle["targets"]) == {"dev", "prod", "serverless"}
     assert bundle["targets"]["dev"].get("default") is True
     for section in [bundle, *bundle["targets"].values()]:
         workspace = section.get("workspace", {})
@@ -220,7 +220,7 @@ def test_each_target_writes_its_own_table_checkpoint_and_consumer_group(bundle) 
 
 
 @pytest.mark.parametrize("target", ["dev", "prod"])
-def test_each_targets_job_parses_as_a_databricks_job(bundle, target: str) -> None:
+def test_each_job_cluster_targets_job_parses_as_a_databricks_job(bundle, target: str) -> None:
     jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
     resolved = _target_job(bundle, target)
     assert "${var." not in json.dumps(resolved)
@@ -230,7 +230,9 @@ def test_each_targets_job_parses_as_a_databricks_job(bundle, target: str) -> Non
     (task,) = job.tasks
     assert task.python_wheel_task.entry_point == "{{ cookiecutter.project_slug }}"
     assert task.new_cluster.data_security_mode.value == "SINGLE_USER"
+    assert [lib.whl for lib in task.libraries] == ["./dist/*.whl"]
     assert job.max_concurrent_runs == 1
+    assert not job.environments
     if target == "prod":
         assert job.continuous.pause_status.value == "UNPAUSED"
         assert _argument(resolved, "--trigger") == "processing-time"
@@ -243,7 +245,7 @@ def test_each_targets_job_parses_as_a_databricks_job(bundle, target: str) -> Non
     ("where", "misspelt"),
     [
         (("resources", "jobs", "*"), "max_concurent_runs"),  # the job itself
-        (("resources", "jobs", "*", "tasks", 0, "new_cluster"), "num_worker"),  # a cluster
+        (("targets", "prod", "resources", "jobs", "*", "tasks", 0, "new_cluster"), "num_worker"),
         (("targets", "prod", "resources", "jobs", "*"), "continous"),  # a target's override
     ],
 )
@@ -265,7 +267,7 @@ def test_bundle_declares_exactly_the_streaming_and_the_maintenance_job(bundle) -
     assert set(bundle["resources"]["jobs"]) == {STREAM, MAINTENANCE}
 
 
-@pytest.mark.parametrize("target", ["dev", "prod"])
+@pytest.mark.parametrize("target", ["dev", "prod", "serverless"])
 def test_each_targets_maintenance_job_runs_table_maintain_daily_on_the_streams_table(
     bundle, target: str
 ) -> None:
@@ -286,3 +288,28 @@ def test_each_targets_maintenance_job_runs_table_maintain_daily_on_the_streams_t
     # The same config and table (so the same dead-letter table) as the target's streaming job.
     for flag in ("--config", "--table"):
         assert params[params.index(flag) + 1] == _argument(stream, flag), flag
+
+
+@pytest.mark.parametrize("key", [STREAM, MAINTENANCE])
+def test_the_serverless_target_runs_the_wheel_in_an_environment_on_a_schedule_until_caught_up(
+    bundle, key: str
+) -> None:
+    jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
+    resolved = _target_job(bundle, "serverless", key)
+    assert "${var." not in json.dumps(resolved)
+
+    job = jobs.Job.from_dict(resolved)
+
+    (task,) = job.tasks
+    (environment,) = job.environments
+    # No cluster of its own and no cluster library: the environment holds the wheel.
+    assert task.new_cluster is None and task.job_cluster_key is None and not task.libraries
+    assert task.environment_key == environment.environment_key
+    assert list(environment.spec.dependencies) == ["./dist/*.whl"]
+    assert job.continuous is None and job.schedule is not None
+    if key == STREAM:
+        # Serverless runs streams only until caught up: a processing-time trigger is refused.
+        assert _argument(resolved, "--trigger") == "available-now"
+        # A Unity Catalog table by name, its checkpoint in a volume.
+        assert re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*", _argument(resolved, "--table"))
+        assert _argument(resolved, "--checkpoint").startswith("/Volumes/")

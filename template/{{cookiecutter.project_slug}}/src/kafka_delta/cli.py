@@ -166,6 +166,8 @@ _EXPECTED = {
     "OffsetsExpiredError": EXIT_REFUSED,
     "DeadLetterError": EXIT_REFUSED,
     "TopicRecreatedError": EXIT_REFUSED,
+    # The compute refuses the trigger (serverless: availableNow only).
+    "TriggerNotSupportedError": EXIT_REFUSED,
     # The producers' schema changed in a way the table cannot follow, or gained fields with
     # delta.schema_evolution: fail; a schema file or registry answer that cannot be used.
     "SchemaIncompatibleError": EXIT_REFUSED,

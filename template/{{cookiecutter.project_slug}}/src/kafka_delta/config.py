@@ -537,6 +537,10 @@ class ProgressConfig(_Model):
 
 class SparkConfig(_Model):
     master: str | None = "local[2]"
+    # A Spark Connect server (sc://host:port) to run on instead of a session of this process;
+    # SPARK_REMOTE in the environment does the same. On Databricks serverless and standard
+    # access compute the platform's session is already a Connect session: leave it unset.
+    remote: str | None = Field(default=None, pattern=r"^sc://")
     conf: dict[str, str] = Field(default_factory=dict)
 
 

@@ -46,6 +46,7 @@ from kafka_delta.offsets.topic_identity import (
     recreated_while_running,
 )
 from kafka_delta.progress.batch import BatchProgress, ProgressListener
+from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
 from kafka_delta.recovery.verdict import Verdict, combined, judge, set_aside
@@ -67,6 +68,7 @@ from kafka_delta.routing import (
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
+from kafka_delta.runtime.spark_session import is_connect
 from kafka_delta.sinks.dead_letters import DeadLetterError, DeadLetterQueue
 from kafka_delta.sinks.upsert import latest_per_key
 
@@ -94,7 +96,38 @@ __all__ = [
     "DeadLetterError",
     "Pipeline",
     "RunSummary",
+    "TriggerNotSupportedError",
 ]
+
+
+class TriggerNotSupportedError(RuntimeError):
+    """The compute refuses the configured trigger (serverless runs streams only until caught
+    up); nothing was read or written."""
+
+
+# How Databricks serverless (and standard access with that limit) refuses a trigger that never
+# ends: its error class, and the sentence of its message.
+_UNENDING_TRIGGER_REFUSED = (
+    "INFINITE_STREAMING_TRIGGER_NOT_SUPPORTED",
+    "Trigger type ProcessingTime is not supported",
+)
+
+
+def trigger_refused(exc: BaseException, mode: str) -> str | None:
+    """The one sentence for a query start the compute refused because of ``trigger.mode``, or
+    None when ``exc`` is something else.
+
+    >>> trigger_refused(RuntimeError("[INFINITE_STREAMING_TRIGGER_NOT_SUPPORTED] ..."),
+    ...                 "processing_time")[:43]
+    'this compute runs streams only until caught'
+    """
+    if mode != "processing_time" or not any(m in str(exc) for m in _UNENDING_TRIGGER_REFUSED):
+        return None
+    return (
+        "this compute runs streams only until caught up (Databricks serverless has no "
+        "processing-time trigger): set trigger.mode: available_now in the config (or pass "
+        "--trigger available-now) and run the job on a schedule; nothing was read or written"
+    )
 
 
 def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
@@ -206,6 +239,12 @@ class Pipeline:
         self.dead_letters = self.tables[0].dead_letters
         self.checkpoint = CheckpointLog(spark, config.checkpoint)
         self.admin = KafkaAdmin(config.kafka.client_config())
+        # Spark Connect (serverless, standard access): the batch function runs in a Python
+        # process the server starts, and reports each batch back through the checkpoint
+        # location (kafka_delta.progress.mailbox); see __getstate__.
+        self.remote = is_connect(spark)
+        self._mailbox: BatchMailbox | None = None
+        self._worker = False  # True in the batch function's copy in the Connect server
         self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
         self.listeners = list(listeners)
@@ -232,6 +271,31 @@ class Pipeline:
         # Writer schemas (registry ids) seen in records whose fields the decoder's reader
         # schema lacked: the next query's reader schema includes them (schema evolution).
         self._writer_schema_ids: set[int] = set()
+
+    # -- Spark Connect: the batch function in the server's Python process -------------------
+
+    # What only the process that started the run holds: its session, its Kafka clients, its
+    # listeners and stop gate, the query handle. None of it crosses to the batch function's
+    # process under Spark Connect, which builds its own Kafka admin client and reports each
+    # batch back (BatchMailbox); the process that started the run commits the group's
+    # offsets, logs the progress line and calls the listeners, as a classic run does.
+    _DRIVER_ONLY = ("spark", "admin", "committer", "listeners", "_gate", "_query", "_mailbox")
+
+    def __getstate__(self) -> dict[str, object]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._DRIVER_ONLY}
+        state["checkpoint"] = CheckpointLog(None, self.config.checkpoint, lazy_spark=True)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.spark = None  # type: ignore[assignment]  (each batch's DataFrame brings it)
+        self.admin = KafkaAdmin(self.config.kafka.client_config())
+        self.committer = None
+        self.listeners = []
+        self._gate = StopGate()
+        self._query = None
+        self._mailbox = BatchMailbox(self.config.checkpoint, self.run_id)
+        self._worker = True
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -556,19 +620,30 @@ class Pipeline:
             decode=decode,
             topic_ids=self._topic_ids,
         )
+        if self.config.trigger.mode == "available_now":
+            self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
+        if self.remote:
+            self._mailbox = BatchMailbox(self.config.checkpoint, self.run_id)
+            self._mailbox.clear()
+        # Under Spark Connect the batch function is pickled here, with the state set above.
         writer = (
             stream.writeStream.queryName(self.query_name)
             .option("checkpointLocation", self.config.checkpoint)
             .foreachBatch(self._gated_batch)
         )
         if self.config.trigger.mode == "available_now":
-            self._target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(
                 processingTime=f"{self.config.trigger.interval_seconds} seconds"
             )
-        self._query = writer.start()
+        try:
+            self._query = writer.start()
+        except Exception as exc:
+            refused = trigger_refused(exc, self.config.trigger.mode)
+            if refused is not None:
+                raise TriggerNotSupportedError(refused) from None
+            raise
         return self._query
 
     # -- the micro-batch --------------------------------------------------------------------
@@ -709,6 +784,9 @@ class Pipeline:
     def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
         """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
         stopped if a stop was requested (see :mod:`kafka_delta.runtime.graceful_stop`)."""
+        if self.spark is None:  # in the Connect server's Python process
+            self.spark = df.sparkSession
+            self.checkpoint.spark = df.sparkSession
         self._gate.enter()
         succeeded = False
         try:
@@ -800,7 +878,6 @@ class Pipeline:
                         # batch as Spark gave it, as before).
                         read_from = records if several else df
                         sent = run.dead_letters.send(read_from, batch.dead, t_commit)
-                        self.summary.dead_letters += sent
                     crash_point("before_delta_commit")
                     result = run.engine.sink.commit_batch(
                         batch.rows, t_commit, start=t_start, firsts=firsts
@@ -829,33 +906,20 @@ class Pipeline:
             if t in end
         }
 
-        hook_started = time.perf_counter()
-        if self.committer is not None:
-            self.committer.submit(batch_id, group)
-        hook_ms = (time.perf_counter() - hook_started) * 1000
-        elapsed = time.perf_counter() - started
-
         written = [result for _, result, _ in results if result.written]
         result = SinkResult(
             written=bool(written),
             rows=sum(r.rows for r in written),
             delta_version=written[-1].delta_version if written else None,
         )
-        summary = self.summary
-        summary.batches += 1
-        summary.replayed_batches += 0 if result.written else 1
-        summary.rows_written += result.rows
-        if result.delta_version is not None:
-            summary.last_delta_version = result.delta_version
-        summary.end_offsets = end
         if result.written:
             self._recreated = set()  # the recreated topics' offsets are the new ones from now
         for topic, parts in group.items():
             self._known.setdefault(topic, {}).update(parts)
-        summary.commit_back_ms.add(hook_ms)
-        summary.batch_seconds.add(elapsed)
         read = 0 if observation is None else records_read(observation)
-        progress = self._progress(batch_id, read, result, dead_sent, end, elapsed, hook_ms)
+        progress = self._progress(
+            batch_id, read, result, dead_sent, end, time.perf_counter() - started
+        )
         if several:
             progress = replace(
                 progress,
@@ -869,12 +933,55 @@ class Pipeline:
                     for run, r, sent in results
                 },
             )
+        report = BatchReport(progress, group)
+        if self._worker:  # the Connect server's process: the run's own process delivers it
+            assert self._mailbox is not None
+            self._mailbox.post(report)
+        else:
+            self._deliver(report)
+
+    def _deliver(self, report: BatchReport) -> None:
+        """What follows a committed batch in the process that started the run: the group's
+        offsets to the commit-back hook, the run's figures, the progress line, the listeners.
+        Called by the batch function itself on a classic session, and for each batch the
+        Connect server's process reports (:meth:`_drain`)."""
+        progress = report.progress
+        hook_started = time.perf_counter()
+        if self.committer is not None:
+            self.committer.submit(progress.batch_id, report.group)
+        hook_ms = (time.perf_counter() - hook_started) * 1000
+        stats = self.committer.stats() if self.committer is not None else None
+        progress = replace(
+            progress,
+            commit_back_ok=stats.succeeded if stats else None,
+            commit_back_failed=stats.failed if stats else None,
+            hook_ms=hook_ms,
+        )
+        summary = self.summary
+        summary.batches += 1
+        summary.replayed_batches += 1 if progress.replayed else 0
+        summary.rows_written += progress.rows_written
+        summary.dead_letters += progress.dead_letters
+        if progress.delta_version is not None:
+            summary.last_delta_version = progress.delta_version
+        summary.end_offsets = progress.end_offsets
+        summary.commit_back_ms.add(hook_ms)
+        summary.batch_seconds.add(progress.duration_s + hook_ms / 1000)
+        if self.remote:
+            self._gate.leave(progress.batch_id, succeeded=True)
         self._log_progress(progress)
         for listener in self.listeners:
             try:
                 listener.on_batch(progress)
             except Exception as exc:  # monitoring must never fail a committed batch
                 log.warning("progress listener %s failed: %s", type(listener).__name__, exc)
+
+    def _drain(self) -> None:
+        """Deliver the batches the Connect server's process reported since the last look."""
+        if self._mailbox is None:
+            return
+        for report in self._mailbox.take():
+            self._deliver(report)
 
     def _progress(
         self,
@@ -884,16 +991,15 @@ class Pipeline:
         dead_letters: int,
         end: Offsets,
         elapsed: float,
-        hook_ms: float,
     ) -> BatchProgress:
-        """The batch's figures, built once: logged, then handed to the listeners."""
+        """The batch's figures, built once: logged, then handed to the listeners (the
+        commit-back's figures are filled in where the hook runs, :meth:`_deliver`)."""
         behind: Offsets | None = None
         lag_error: str | None = None
         try:
             behind = lag(self.admin.latest({t: sorted(parts) for t, parts in end.items()}), end)
         except Exception as exc:  # progress reporting must never fail a committed batch
             lag_error = str(exc)
-        stats = self.committer.stats() if self.committer is not None else None
         self._run_records_read += records_read or 0
         return BatchProgress(
             pipeline_id=self.config.pipeline_id,
@@ -911,9 +1017,9 @@ class Pipeline:
             lag_error=lag_error,
             to_target=None if self._target is None else total_records(end, self._target),
             run_records_read=self._run_records_read,
-            commit_back_ok=stats.succeeded if stats else None,
-            commit_back_failed=stats.failed if stats else None,
-            hook_ms=hook_ms,
+            commit_back_ok=None,
+            commit_back_failed=None,
+            hook_ms=0.0,
         )
 
     def _log_progress(self, p: BatchProgress) -> None:
@@ -975,18 +1081,42 @@ class Pipeline:
             return self._run()
 
     def _run_query(self, query: StreamingQuery) -> None:
-        while query.isActive:
-            if self._gate.requested and self._gate.stop_when_safe(query):
-                break
-            # Once stopping, look often: the gap between Spark recording a batch and
-            # planning the next one is where the stop belongs.
-            query.awaitTermination(0.005 if self._gate.requested else 0.5)
         try:
-            query.awaitTermination()  # re-raises the query's failure, if any
-        except Exception as exc:
-            if not self._gate.stopped_by_gate(exc):
-                raise
-            log.info("a batch planned while stopping was left for the next run")
+            while query.isActive:
+                self._drain()
+                if self._gate.requested and self._safe_to_stop(query):
+                    break
+                # Once stopping, look often: the gap between Spark recording a batch and
+                # planning the next one is where the stop belongs.
+                wait = 0.005 if self._gate.requested else 0.5
+                if self.remote:
+                    # Waited here rather than in the server: a Connect client's timed
+                    # awaitTermination is a server-side command whose response stream was seen
+                    # to hang for good when the server cut it (INVALID_CURSOR.DISCONNECTED).
+                    time.sleep(wait)
+                else:
+                    query.awaitTermination(wait)
+            try:
+                query.awaitTermination()  # re-raises the query's failure, if any
+            except Exception as exc:
+                if not self._gate.stopped_by_gate(exc):
+                    raise
+                log.info("a batch planned while stopping was left for the next run")
+        finally:
+            self._drain()
+
+    def _safe_to_stop(self, query: StreamingQuery) -> bool:
+        """The stop gate's decision. Under Spark Connect the batch function runs in another
+        process, whose gate this one cannot see: a batch counts as in progress while Spark
+        says a trigger is active (a stop that races a trigger's start interrupts that batch,
+        which the next run replays exactly once: I1, I2)."""
+        if self.remote:
+            try:
+                if query.status.get("isTriggerActive"):
+                    return False
+            except Exception:  # the query just ended: awaitTermination says how
+                return True
+        return self._gate.stop_when_safe(query)
 
     def _restart_after(self, exc: Exception, registry_waits: Iterator[float]) -> bool:
         """Whether the query that failed with ``exc`` starts again in this run. The batch it

@@ -27,28 +27,40 @@ def connector_confs(jars_dir: str | None, packages: bool) -> dict[str, str]:
     return {**confs, **DELTA_SESSION_CONFS} if confs else {}
 
 
-def local_session(app_name: str, confs: dict[str, str] | None = None) -> SparkSession:
-    """The session (one per process: ``getOrCreate``), with ``confs`` on top. Its JVM maps the
-    class archive of Spark's classes that a local run recorded, if there is one
-    (:mod:`kafka_delta.runtime.jvm_archive`): ~2.5 s sooner."""
-    from pyspark.sql import SparkSession
-
+def session_confs(confs: dict[str, str] | None = None) -> dict[str, str]:
+    """The test session's Spark confs (``local_session``'s, and a local Connect server's),
+    ``confs`` on top. Its JVM maps the class archive of Spark's classes that a local run
+    recorded, if there is one (:mod:`kafka_delta.runtime.jvm_archive`): ~2.5 s sooner."""
     from kafka_delta.runtime import jvm_archive
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
+    chosen = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
         # as conf/local.yaml: streaming queries disable it anyway, with a warning
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.databricks.delta.snapshotPartitions", "2")  # as conf/local.yaml
-    )
+        "spark.sql.adaptive.enabled": "false",
+        "spark.databricks.delta.snapshotPartitions": "2",  # as conf/local.yaml
+    }
     if mapping := jvm_archive.mapping_options():
-        options = jvm_archive.option_string(mapping)
-        builder = builder.config("spark.driver.extraJavaOptions", options)
-    for key, value in (confs or {}).items():
+        chosen["spark.driver.extraJavaOptions"] = jvm_archive.option_string(mapping)
+    return {**chosen, **(confs or {})}
+
+
+def local_session(app_name: str, confs: dict[str, str] | None = None) -> SparkSession:
+    """The session (one per process: ``getOrCreate``): ``local[2]`` with
+    :func:`session_confs`."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in session_confs(confs).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def remote_session(url: str) -> SparkSession:
+    """A Spark Connect session to the server at ``url`` (``sc://host:port``): no SparkContext,
+    no JVM in this process, as on Databricks serverless and standard access compute."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(url).getOrCreate()

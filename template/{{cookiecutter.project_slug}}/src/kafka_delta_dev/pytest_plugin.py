@@ -105,10 +105,46 @@ def spark():
         pytest.skip(NEEDS_JAVA)
     from kafka_delta_dev.local_spark import connector_confs, local_session
 
-    session = local_session("tests", connector_confs(JARS_DIR, WITH_CONNECTORS))
+    confs = connector_confs(JARS_DIR, WITH_CONNECTORS)
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        yield from _connect_session(remote, confs)
+        return
+    session = local_session("tests", confs)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def _connect_session(remote: str, confs: dict[str, str]) -> Iterator[object]:
+    """``SPARK_REMOTE=local[N]``: a Spark Connect server of that master in a process of its
+    own (:mod:`kafka_delta_dev.connect_server`), and a Connect session to it, so this process
+    holds no SparkContext, as a Databricks serverless job's Python holds none; processes the
+    tests start (the CLI) reach the same server through ``SPARK_REMOTE``. ``sc://...``: that
+    server."""
+    from kafka_delta_dev.connect_server import ConnectServer
+    from kafka_delta_dev.local_spark import remote_session, session_confs
+
+    server = None
+    if not remote.startswith("sc://"):
+        log = Path(os.environ.get("KAFKA_DELTA_CONNECT_LOG", os.devnull))
+        server = ConnectServer(remote, session_confs(confs), log_path=log).start()
+        remote = server.url
+        os.environ["SPARK_REMOTE"] = remote
+    try:
+        session = remote_session(remote)
+        yield session
+        session.stop()
+        from pyspark import SparkContext
+
+        # What the suite run through Connect proves beside its own tests: nothing in it (the
+        # engine, the fixtures) made a classic session in this process.
+        assert SparkContext._active_spark_context is None, (
+            "a classic SparkContext was created in a process that runs on Spark Connect"
+        )
+    finally:
+        if server is not None:
+            server.stop()
 
 
 @pytest.fixture(scope="session")

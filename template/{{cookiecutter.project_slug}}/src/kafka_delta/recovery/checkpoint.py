@@ -50,12 +50,14 @@ def local_path(location: str) -> Path | None:
 class CheckpointLog:
     """Read-only view of one streaming checkpoint."""
 
-    def __init__(self, spark: SparkSession | None, location: str) -> None:
-        """``spark`` may be None for a local checkpoint (tools and tests reading one)."""
+    def __init__(self, spark: SparkSession | None, location: str, lazy_spark: bool = False) -> None:
+        """``spark`` may be None for a local checkpoint (tools and tests reading one), or,
+        with ``lazy_spark``, until the caller sets it (the batch function under Spark
+        Connect, which gets its session with its first batch)."""
         self.spark = spark
         self.location = location.rstrip("/")
         self._local = local_path(self.location)
-        if self._local is None and spark is None:
+        if self._local is None and spark is None and not lazy_spark:
             raise ValueError(f"reading checkpoint {location!r} needs a Spark session")
 
     def _read(self, relative: str) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-# Classes whose presence on the JVM classpath tells that a connector's jars are there.
+# The connectors' entry classes (what a missing jar fails to load).
 CONNECTOR_CLASSES = {
     "delta-spark": "org.apache.spark.sql.delta.DeltaLog",
     "spark-sql-kafka": "org.apache.spark.sql.kafka010.KafkaSourceProvider",
@@ -63,14 +63,34 @@ class ConnectorMissingError(RuntimeError):
 
 
 def missing_connectors(spark: SparkSession, needed: list[str]) -> list[str]:
-    """Which of the ``needed`` connectors (keys of :data:`CONNECTOR_CLASSES`) this session's
-    JVM cannot load. Under Spark Connect (no JVM access; Databricks) nothing is reported."""
+    """Which of the ``needed`` connectors (keys of :data:`CONNECTOR_CLASSES`) this session
+    cannot use. Asked through Spark's own API, so a Spark Connect session (Databricks
+    serverless, standard access) answers as a classic one does: the connector's data source is
+    resolved, and only Spark's ``DATA_SOURCE_NOT_FOUND`` counts as missing (a refused path, a
+    missing option or a table that is not there mean the provider was found)."""
+    return [name for name in needed if not _provider_found(spark, _PROBES[name])]
+
+
+# The data source each connector provides, and a read Spark resolves it for (never one that
+# reads data: resolving the provider is enough, and fails only when its jar is not there).
+_PROBES = {"delta-spark": "delta", "spark-sql-kafka": "kafka"}
+_NOT_FOUND = ("DATA_SOURCE_NOT_FOUND", "Failed to find data source", "ClassNotFoundException")
+
+
+def _provider_found(spark: SparkSession, provider: str) -> bool:
+    import tempfile
+    from pathlib import Path
+
+    probe = Path(tempfile.gettempdir()) / "kafka-delta-no-such-table"
     try:
-        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        utils = jvm.org.apache.spark.util.Utils
-    except Exception:
-        return []
-    return [name for name in needed if not utils.classIsLoadable(CONNECTOR_CLASSES[name])]
+        # Analysis resolves the provider (eagerly on a classic session; a Connect session
+        # analyses when asked for the schema).
+        reader = spark.read.format(provider)
+        frame = reader.load(probe.as_uri()) if provider == "delta" else reader.load()
+        frame.schema  # noqa: B018
+    except Exception as exc:
+        return not any(marker in str(exc) for marker in _NOT_FOUND)
+    return True
 
 
 def required_connectors(source: str, sink: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from kafka_delta.config import PipelineConfig
@@ -25,6 +26,18 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
 
     builder = SparkSession.builder.appName(f"kafka-delta-{config.pipeline_id}")
     conf = dict(config.spark.conf)
+    remote = config.spark.remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        # Spark Connect: the server owns the master, the JVM and its static confs; the
+        # session confs of the config still apply to this session.
+        builder = builder.remote(remote)
+        spark = builder.getOrCreate()
+        for key, value in conf.items():
+            try:
+                spark.conf.set(key, value)
+            except Exception as exc:  # a static conf: the server's to set
+                log.warning("spark.conf %s is not settable on a Connect session: %s", key, exc)
+        return spark
     # Under spark-submit (or on Databricks) the master is already chosen; only a plain
     # `python -m` run takes the one from the config file.
     if config.spark.master and not SparkConf().contains("spark.master"):
@@ -45,8 +58,39 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    try:
+    if not is_connect(spark):  # a Connect session (the platform's) has no SparkContext
         spark.sparkContext.setLogLevel("WARN")
-    except Exception:  # Spark Connect (Databricks shared/serverless compute) has no SparkContext
-        log.debug("no SparkContext: leaving Spark's log level as configured")
     return spark
+
+
+def is_connect(spark: object) -> bool:
+    """Whether ``spark`` is a Spark Connect session (serverless, standard access, a
+    ``sc://`` server): no SparkContext, no JVM in this process, and ``foreachBatch`` runs in a
+    Python process the server starts. Told by its class, without importing Connect's client
+    (which needs grpc) where it is not in use."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+# Read tasks a micro-batch runs where the session cannot say how many cores it has (a Connect
+# session to a cluster whose size Spark Connect does not expose): Kafka partitions are grouped
+# or split to this many.
+CONNECT_PARALLELISM = 8
+
+
+def default_parallelism(spark: object) -> int:
+    """Spark's default parallelism: the SparkContext's on a classic session; under Spark
+    Connect (no SparkContext) ``spark.default.parallelism``, else a local master's core count
+    (``local[N]``), else :data:`CONNECT_PARALLELISM`."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)  # type: ignore[attr-defined]
+    conf = spark.conf  # type: ignore[attr-defined]
+    configured = conf.get("spark.default.parallelism", None)
+    if configured:
+        return max(1, int(configured))
+    master = conf.get("spark.master", None) or ""
+    if master.startswith("local["):
+        cores = master[len("local[") :].split(",")[0].rstrip("]")
+        return os.cpu_count() or 1 if cores == "*" else max(1, int(cores))
+    if master == "local":
+        return 1
+    return CONNECT_PARALLELISM

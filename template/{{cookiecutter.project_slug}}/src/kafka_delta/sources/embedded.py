@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.config import KafkaConfig
 from kafka_delta.offsets.model import StoredOffsets, offsets_to_json, starting_offsets_option
+from kafka_delta.runtime.spark_session import default_parallelism
 from kafka_delta.sources.kafka_datasource import SOURCE_NAME, KafkaDataSource
 
 if TYPE_CHECKING:
@@ -78,6 +79,6 @@ class EmbeddedSource:
         # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
         options = embedded_source_options(
-            self.kafka, stored, spark.sparkContext.defaultParallelism, decode, topic_ids
+            self.kafka, stored, default_parallelism(spark), decode, topic_ids
         )
         return spark.readStream.format(SOURCE_NAME).options(**options).load()

@@ -26,6 +26,7 @@ from kafka_delta.offsets.model import (
     offsets_to_json,
     starting_offsets_option,
 )
+from kafka_delta.runtime.spark_session import default_parallelism
 
 if TYPE_CHECKING:
     from kafka_delta.decoding.spec import DecodeSpec
@@ -122,10 +123,7 @@ class SparkKafkaSource:
         decode: DecodeSpec | None = None,
         topic_ids: Mapping[str, str] | None = None,
     ) -> DataFrame:
-        try:
-            parallelism = spark.sparkContext.defaultParallelism
-        except Exception:  # Spark Connect has no SparkContext
-            parallelism = int(spark.conf.get("spark.default.parallelism", "1") or 1)
+        parallelism = default_parallelism(spark)
         options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
         df = self.read_stream(spark, options)
         if decode is None:

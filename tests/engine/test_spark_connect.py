@@ -1,0 +1,187 @@
+"""The pipeline on Spark Connect, as Databricks serverless jobs and standard access compute run
+it: the process holds a Connect client (no SparkContext, no JVM), and ``foreachBatch`` runs the
+batch function in a Python process the server starts.
+
+The server is pyspark's own (:mod:`kafka_delta_dev.connect_server`), in a process of its own on
+loopback. What this file proves, on the embedded engine and the stand-in of Spark's kafka source,
+against the real broker and real tables:
+
+- a run lands every record exactly once, and the run's own process still receives every batch
+  (its figures, the progress listeners, the commit-back hook: I4) from the server's process;
+- a crash after the Delta commit replays as a no-op through Connect (I1, I2);
+- the command line runs on a Connect server named by ``SPARK_REMOTE`` (``spark.remote`` in the
+  config does the same), and stops with one sentence where the compute refuses its trigger;
+- the whole contract suite passes through Connect (``SPARK_REMOTE=local[2]``), in a pytest of its
+  own whose process, at the end, holds no classic SparkContext.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import STANDIN
+from kafka_delta.pipeline import Pipeline, TriggerNotSupportedError, trigger_refused
+from kafka_delta.runtime.spark_session import default_parallelism, is_connect
+from kafka_delta_dev.produce import produce_events
+from support import REPO, assert_exactly_once, assert_offsets_agree, forget_last_spark_commit
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    from kafka_delta_dev.connect_server import ConnectServer
+    from kafka_delta_dev.local_spark import session_confs
+
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    server = ConnectServer("local[2]", session_confs(), log_path=log).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def connect(connect_server):
+    from kafka_delta_dev.local_spark import remote_session
+
+    session = remote_session(connect_server.url)
+    yield session
+    session.stop()
+
+
+class Collect:
+    """A progress listener that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def on_batch(self, progress) -> None:
+        self.batches.append(progress)
+
+    def on_run_end(self, commit_back) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("source", ["embedded", "standin"])
+def test_a_run_on_spark_connect_lands_exactly_once_and_reports_each_batch_to_its_process(
+    connect, kafka_bootstrap, new_topics, make_config, source
+) -> None:
+    assert is_connect(connect)
+    with pytest.raises(Exception):  # noqa: B017 (Connect raises its own class)
+        _ = connect.sparkContext
+    topics = new_topics(2, partitions=2)
+    produce_events(kafka_bootstrap, topics, 1200)
+    engine = {"source": "embedded" if source == "embedded" else STANDIN, "sink": "delta_rs"}
+    cfg = make_config(topics, engine=engine, max_records_per_trigger=300)
+    listener = Collect()
+
+    summary = Pipeline(connect, cfg, listeners=[listener]).run()
+
+    assert_exactly_once(cfg, 1200)
+    assert_offsets_agree(cfg)  # the group holds the table's offsets (I4), from this process
+    assert summary.batches == len(listener.batches) >= 4
+    assert summary.rows_written == sum(p.rows_written for p in listener.batches) == 1200
+    assert [p.batch_id for p in listener.batches] == sorted(p.batch_id for p in listener.batches)
+    assert summary.commit_back is not None and summary.commit_back.failed == 0
+    assert summary.commit_back.succeeded >= 1
+    # The reports the server's process posted were taken, and none is left behind.
+    assert not list(Path(cfg.checkpoint, "_kafka_delta", "batches").glob("*/*.json"))
+
+
+def test_a_crash_after_the_delta_commit_replays_as_a_no_op_through_connect(
+    connect, kafka_bootstrap, new_topics, make_config
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 400)
+    cfg = make_config(topics, max_records_per_trigger=150)
+    Pipeline(connect, cfg).run()
+
+    forget_last_spark_commit(cfg)
+    summary = Pipeline(connect, cfg).run()
+
+    assert summary.replayed_batches == 1 and summary.rows_written == 0
+    produce_events(kafka_bootstrap, topics, 100, first_id=400)
+    Pipeline(connect, cfg).run()
+    assert_exactly_once(cfg, 500)
+    assert_offsets_agree(cfg)
+
+
+def test_default_parallelism_on_connect_is_the_local_masters_cores(connect) -> None:
+    assert default_parallelism(connect) == 2  # local[2], without a SparkContext to ask
+
+
+def test_the_command_line_runs_on_the_connect_server_spark_remote_names(
+    connect_server, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, max_records_per_trigger=100)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+
+    result = subprocess.run(
+        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPARK_REMOTE": connect_server.url},
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batches=3 " in result.stderr and "rows=300 " in result.stderr, result.stderr[-2000:]
+    assert_exactly_once(cfg, 300)
+    assert_offsets_agree(cfg)
+
+
+def test_a_processing_time_trigger_the_compute_refuses_stops_with_one_sentence() -> None:
+    # Databricks serverless's refusal (its error class and message, as its docs give them).
+    refusal = RuntimeError(
+        "[INFINITE_STREAMING_TRIGGER_NOT_SUPPORTED] Trigger type ProcessingTime is not "
+        "supported for this cluster type. Use a different trigger type e.g. AvailableNow, "
+        "Once. SQLSTATE: 0A000"
+    )
+    sentence = trigger_refused(refusal, "processing_time")
+    assert sentence is not None and "available_now" in sentence and "\n" not in sentence
+    assert trigger_refused(refusal, "available_now") is None
+    assert trigger_refused(RuntimeError("something else"), "processing_time") is None
+
+    from kafka_delta.cli import EXIT_REFUSED, _failed
+
+    assert _failed("p", TriggerNotSupportedError(sentence)) == EXIT_REFUSED
+
+
+def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> None:
+    """The contract suite in a pytest of its own with ``SPARK_REMOTE=local[2]``: its spark
+    fixture is a Connect session to a server in another process (the plugin checks, as the
+    session ends, that the process made no classic SparkContext)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:xdist",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "t"),
+            str(REPO / "tests" / "engine" / "test_engine_contract.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        cwd=REPO,
+        env={**os.environ, "SPARK_REMOTE": "local[2]"},
+    )
+    tail = result.stdout[-4000:]
+    assert result.returncode == 0, tail
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
