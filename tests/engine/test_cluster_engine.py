@@ -377,6 +377,36 @@ def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: P
     assert spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
 
 
+def test_timestamps_far_from_now_the_delta_spark_sink_writes_read_back_in_deltalake(
+    spark, tmp_path: Path
+) -> None:
+    # Spark's default INT96 reads in Arrow as nanoseconds, which cannot hold 1500 or 3000: the
+    # engine's sessions write INT64 microseconds (runtime/spark_session.py).
+    import datetime as dt
+
+    from deltalake import DeltaTable
+    from kafka_delta.runtime.spark_session import READABLE_PARQUET, use_readable_parquet
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    before = {k: spark.conf.get(k, None) for k in READABLE_PARQUET}
+    use_readable_parquet(spark)
+    try:
+        times = [dt.datetime(1500, 3, 1, 12, tzinfo=dt.UTC), dt.datetime(3000, 1, 1, tzinfo=dt.UTC)]
+        frame = spark.createDataFrame(
+            [(i, t) for i, t in enumerate(times)], "id long, at timestamp"
+        )
+        new_sink().commit_batch(frame, BatchCommit("p", "p.q", 0, {"o": {0: 2}}), {})
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+    read = DeltaTable(uri).to_pyarrow_table().sort_by("id")
+    assert read.column("at").to_pylist() == times
+
+
 def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
