@@ -304,6 +304,18 @@ def test_names_that_differ_only_in_case_get_columns_of_their_own_as_spark_and_de
     Schema.from_arrow(pa.schema([f for f in schema if f.name != "headers"]))
 
 
+def test_a_decoded_keys_fields_that_differ_only_in_case_are_named_by_the_same_rule() -> None:
+    key = pa.schema([("Id", pa.int64()), ("id", pa.string())])
+    spec = DecodeSpec(
+        FieldSpec("json", "none", pa.schema([("n", pa.int64())])),
+        key=FieldSpec("json", "none", key),
+    )
+    batch = kafka([b'{"n": 1}'])
+    batch = batch.set_column(0, "key", pa.array([b'{"Id": 7, "id": "seven"}']))
+    (row,) = Decoder(DecodeSpec.from_json(spec.to_json())).decode(batch).to_pylist()
+    assert row["key"] == {"Id": 7, "value_id": "seven"} and row["_error"] is None
+
+
 _KAFKA_NAMES = ("key", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 
 
