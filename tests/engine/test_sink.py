@@ -222,3 +222,24 @@ def test_an_upsert_widens_the_column_before_its_merge(tmp_path: Path) -> None:
     assert table.schema().to_arrow().field("n").type == pa.int64()
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": 1, "n": 1}, {"id": 2, "n": 2**40}, {"id": 3, "n": 3}]
+
+
+def test_a_nested_promotion_beside_a_nested_field_added_lands_in_both(tmp_path: Path) -> None:
+    """One version promotes r.n (int -> long) and adds r.z: the rewrite widens r.n, then the
+    nested field's own commit adds r.z, then the batch."""
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    narrow = pa.struct([("n", pa.int32())])
+    first = pa.table({"id": pa.array([1], pa.int64()), "r": pa.array([{"n": 1}], narrow)})
+    sink.commit_batch(first, BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
+    wide = pa.struct([("n", pa.int64()), ("z", pa.string())])
+    second = pa.table(
+        {"id": pa.array([2], pa.int64()), "r": pa.array([{"n": 2**40, "z": "z"}], wide)}
+    )
+
+    sink.commit_batch(second, BatchCommit("p", "p.q", 1, {"o": {0: 2}}), {"o": {0: 1}})
+
+    table = DeltaTable(uri)
+    assert table.schema().to_arrow().field("r").type == wide
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["r"] for r in rows] == [{"n": 1, "z": None}, {"n": 2**40, "z": "z"}]

@@ -322,9 +322,15 @@ class DeltaRsSink:
             target = pa.schema([f.with_type(wider.get(f.name, f.type)) for f in schema])
             # The rest of the batch must fit first: a batch refused for another column leaves
             # the table as it was.
-            if check:
+            if check:  # with the columns and nested fields _add_columns adds next
                 new = [f for f in batch if f.name not in target.names]
-                check_batch_schema(batch, pa.schema([*target, *new]), self.table_uri)
+                added = [
+                    f.with_type(_with_nested_fields(f.type, batch.field(f.name).type))
+                    if f.name in batch.names
+                    else f
+                    for f in target
+                ]
+                check_batch_schema(batch, pa.schema([*added, *new]), self.table_uri)
             rows = (b.cast(target) for b in table.to_pyarrow_dataset().to_batches())
             try:
                 write_deltalake(
