@@ -9,9 +9,11 @@ on both sinks, read back with delta-rs.
 - the issue's first failures: an Avro ``uuid`` field, and ``["null", record]`` fields null in
   some records (Debezium's ``before``/``after``);
 - generated: a random record schema and a chain of 2-4 versions, each a change Confluent's
-  BACKWARD/FORWARD/FULL accepts, records of every version in one topic: every value reads back
-  as written under the mapping of :mod:`kafka_delta.decoding.avro_types` (a field a version
-  lacks: its default, else null), or the record is a dead letter with a reason; every id once.
+  BACKWARD/FORWARD/FULL accepts, records of every version in one topic, the pipeline run after
+  some versions (so a promotion may meet a table that exists): every value reads back as
+  written under the mapping of :mod:`kafka_delta.decoding.avro_types` (a field a version
+  lacks: its default, else null), or the record is a dead letter with a reason, never for a
+  promotion; every id once.
 
 ``KAFKA_DELTA_HYPOTHESIS_EXAMPLES`` sets the number of generated chains (default 3: a pipeline
 run costs 10-20 s); ``scripts/formats_fuzz`` runs many.
@@ -41,6 +43,7 @@ from hypothesis import strategies as st
 from kafka_delta.config import PipelineConfig
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.pipeline import Pipeline
+from kafka_delta.sinks.delta_rs.file_writer import wider_type
 from kafka_delta_dev.produce import produce_values
 from support import assert_exactly_once, run_until_crash, table_ids
 from test_avro_generated import _avro_value, _column_value
@@ -171,6 +174,122 @@ def test_a_crash_between_the_nested_field_commit_and_the_batch_loses_and_doubles
 
     assert_exactly_once(cfg, 20)
     assert rows_by_id(cfg)[15]["address"] == {"street": "x", "zip": "z"}
+
+
+NUMBERS_V1 = {
+    "type": "record",
+    "name": "Reading",
+    "namespace": "promotion",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "count", "type": "int"},
+        {"name": "ratio", "type": "float"},
+        {"name": "level", "type": "int"},
+        {
+            "name": "inner",
+            "type": {"type": "record", "name": "In", "fields": [{"name": "n", "type": "int"}]},
+        },
+    ],
+}
+
+
+def _numbers_v2() -> dict[str, Any]:
+    """Avro's promotions, each a BACKWARD change the registry accepts: int -> long,
+    float -> double, int -> double, and int -> long inside a record."""
+    v2 = json.loads(json.dumps(NUMBERS_V1))
+    for f, kind in zip(v2["fields"][1:4], ("long", "double", "double"), strict=True):
+        f["type"] = kind
+    v2["fields"][4]["type"]["fields"][0]["type"] = "long"
+    return v2
+
+
+def _promoted(ids: range, big: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": i,
+            "count": (2**40 + i) if big else i,
+            "ratio": (0.1 + i) if big else 0.5,
+            "level": (i + 0.25) if big else i,
+            "inner": {"n": (2**33 + i) if big else i},
+        }
+        for i in ids
+    ]
+
+
+def _promote_after_a_first_run(spark, kafka_bootstrap, topic, cfg, registry_url) -> None:
+    produce(
+        kafka_bootstrap,
+        topic,
+        avro_values(registry_url, topic, NUMBERS_V1, _promoted(range(10), big=False)),
+    )
+    Pipeline(spark, cfg).run()
+    assert table_schema(cfg).field("count").type == pa.int32()
+    produce(
+        kafka_bootstrap,
+        topic,
+        avro_values(registry_url, topic, _numbers_v2(), _promoted(range(10, 20), big=True)),
+    )
+
+
+def _assert_promoted(cfg: PipelineConfig) -> None:
+    assert_exactly_once(cfg, 20)
+    schema = table_schema(cfg)
+    assert [schema.field(n).type for n in ("count", "ratio", "level")] == [
+        pa.int64(),
+        pa.float64(),
+        pa.float64(),
+    ]
+    assert schema.field("inner").type.field("n").type == pa.int64()
+    rows = rows_by_id(cfg)
+    assert (rows[3]["count"], rows[3]["ratio"], rows[3]["level"]) == (3, 0.5, 3.0)
+    assert (rows[13]["count"], rows[13]["ratio"], rows[13]["level"]) == (2**40 + 13, 13.1, 13.25)
+    assert rows[13]["inner"] == {"n": 2**33 + 13}
+    assert dead_letters(cfg) == []
+
+
+def test_a_promotion_the_registry_accepts_widens_the_existing_column_and_lands_every_value(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, sink_engine
+) -> None:
+    """A table created by int/float producers; the producers move to long/double (BACKWARD):
+    the columns widen (delta_rs: the table rewritten in one commit of its own; delta_spark:
+    Delta's type widening) and every value lands, none a dead letter, every id once."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = avro_config(make_config, topic, schema_registry.url, sink_engine)
+    _promote_after_a_first_run(spark, kafka_bootstrap, topic, cfg, schema_registry.url)
+
+    Pipeline(spark, cfg).run()
+    Pipeline(spark, cfg).run()  # nothing new: nothing widened again
+
+    _assert_promoted(cfg)
+    if sink_engine["sink"] == "delta_rs":
+        rewrites = [
+            e
+            for e in DeltaTable(cfg.delta.table).history()
+            if e.get("operationParameters", {}).get("mode") == "Overwrite"
+        ]
+        assert len(rewrites) == 1
+
+
+def test_a_crash_between_the_widening_commit_and_the_batch_loses_and_doubles_nothing(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, tmp_path
+) -> None:
+    """delta-rs: the rewrite with the wider columns is one commit, the batch the next. A run
+    SIGKILLed between them leaves the table wide with the rows before; the restart widens
+    nothing again and lands the batch once."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = avro_config(make_config, topic, schema_registry.url)
+    _promote_after_a_first_run(spark, kafka_bootstrap, topic, cfg, schema_registry.url)
+
+    run_until_crash(cfg, tmp_path, "after_widen_columns")
+    assert table_schema(cfg).field("count").type == pa.int64()
+    assert sorted(table_ids(cfg)) == list(range(10))
+    version = DeltaTable(cfg.delta.table).version()
+
+    Pipeline(spark, cfg).run()
+
+    _assert_promoted(cfg)
+    # The batch's own commit (and its dead letters' none) on top: no second rewrite.
+    assert DeltaTable(cfg.delta.table).version() == version + 1
 
 
 def test_a_uuid_field_and_null_before_after_records_land_on_the_delta_rs_sink(
@@ -751,6 +870,13 @@ def test_generated_schema_evolution_lands_every_value_or_a_dead_letter_exactly_o
                 f"{dead_ids[i]}",
                 chain["schemas"][j],
             )
+            # A promotion (the writer's type wider than the column's) widens the column, also
+            # of a table that existed before it: never a dead letter.
+            assert any(
+                wider_type(columns.field(f.name).type, f.type) is None
+                for f in writers[j]
+                if f.name in changed
+            ), (f"record {i} (version {j}) of a promotion is a dead letter: {dead_ids[i]}", summary)
             continue
         names = {f.name for v in chain["versions"][: k + 1] for f in v}
         for name in sorted(names):

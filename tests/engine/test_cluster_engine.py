@@ -377,6 +377,85 @@ def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: P
     assert spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}})) == (True, [])
 
 
+def test_timestamps_far_from_now_the_delta_spark_sink_writes_read_back_in_deltalake(
+    spark, tmp_path: Path
+) -> None:
+    # Spark's default INT96 reads in Arrow as nanoseconds, which cannot hold 1500 or 3000: the
+    # engine's sessions write INT64 microseconds (runtime/spark_session.py).
+    import datetime as dt
+
+    from deltalake import DeltaTable
+    from kafka_delta.runtime.spark_session import READABLE_PARQUET, use_readable_parquet
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    before = {k: spark.conf.get(k, None) for k in READABLE_PARQUET}
+    use_readable_parquet(spark)
+    try:
+        times = [dt.datetime(1500, 3, 1, 12, tzinfo=dt.UTC), dt.datetime(3000, 1, 1, tzinfo=dt.UTC)]
+        frame = spark.createDataFrame(
+            [(i, t) for i, t in enumerate(times)], "id long, at timestamp"
+        )
+        new_sink().commit_batch(frame, BatchCommit("p", "p.q", 0, {"o": {0: 2}}), {})
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+    read = DeltaTable(uri).to_pyarrow_table().sort_by("id")
+    assert read.column("at").to_pylist() == times
+
+
+@pytest.mark.parametrize("type_widening", [False, True])
+def test_the_delta_spark_sink_widens_a_promoted_column_before_the_batch(
+    spark, tmp_path: Path, type_widening: bool
+) -> None:
+    """int -> long, float -> double and int -> double (Avro's promotions): with Delta's type
+    widening on, ALTER COLUMN ... TYPE in place; without it, the table rewritten in one commit
+    (which deltalake still reads). Every value lands, none a dead letter; a replay widens
+    nothing again."""
+    from deltalake import DeltaTable
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    narrow = spark.createDataFrame([(1, 1, 0.5, 1)], "id long, n int, f float, d int")
+    sink.commit_batch(narrow, BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
+    if type_widening:
+        spark.sql(
+            f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+        )
+    wide = spark.createDataFrame([(2, 2**40, 0.1, 2.5)], "id long, n long, f double, d double")
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 2}})
+    assert not sink.check(second, {"o": {0: 1}})
+    batch = sink.materialize(wide)
+    assert batch.dead is None or batch.dead.num_rows == 0
+    result = sink.commit_batch(batch.rows, second, {"o": {0: 1}})
+    batch.release()
+
+    assert result.written
+    read = spark.read.format("delta").load(uri)
+    assert [read.schema[c].dataType.simpleString() for c in ("n", "f", "d")] == [
+        "bigint",
+        "double",
+        "double",
+    ]
+    rows = {r["id"]: r for r in read.collect()}
+    assert (rows[1]["n"], rows[1]["d"]) == (1, 1.0)
+    assert (rows[2]["n"], rows[2]["f"], rows[2]["d"]) == (2**40, 0.1, 2.5)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").collect()
+    modes = [(r["operation"], (r["operationParameters"] or {}).get("mode")) for r in history]
+    rewrites = sum(mode == "Overwrite" for _, mode in modes)
+    if type_widening:
+        assert rewrites == 0 and any(op == "CHANGE COLUMN" for op, _ in modes), modes
+    else:
+        assert rewrites == 1, modes
+        assert sorted(DeltaTable(uri).to_pyarrow_table()["n"].to_pylist()) == [1, 2**40]
+    version = len(history) - 1
+    assert sink.check(second, {"o": {0: 1}})  # a replay: nothing to write, nothing to widen
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").count() - 1 == version
+
+
 def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,6 +13,8 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder
@@ -249,10 +251,113 @@ def test_a_value_field_named_like_a_kafka_column_lands_as_value_name_beside_it()
         "value_offset",
         "value__error",
     ]
-    # A value that has both `offset` and `value_offset` cannot keep both apart: one sentence.
+    # A value that has both `offset` and `value_offset`: the later field's name is taken.
     both = pa.schema([("offset", pa.int64()), ("value_offset", pa.int64())])
-    with pytest.raises(SchemaFileError, match=r"'offset'.*'value_offset'"):
-        Decoder(DecodeSpec(FieldSpec("json", "none", both)))
+    assert Decoder(DecodeSpec(FieldSpec("json", "none", both))).output_schema.names[:2] == [
+        "value_offset",
+        "value_value_offset",
+    ]
+
+
+def test_names_that_differ_only_in_case_get_columns_of_their_own_as_spark_and_delta_compare() -> (
+    None
+):
+    """Delta refuses `id` beside `Id` and `Offset` beside Kafka's `offset` (names compare
+    without case): a field whose name is taken, ignoring case, by a Kafka column or an earlier
+    field lands as `value_<name>`, inside records too, and its value stays its own."""
+    inner = pa.struct([("a", pa.int64()), ("A", pa.string())])
+    clash = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("Id", pa.int64()),
+            ("Offset", pa.int64()),
+            ("KEY", pa.string()),
+            ("Timestamp", pa.string()),
+            ("r", inner),
+            ("rs", pa.list_(inner)),
+        ]
+    )
+    spec = DecodeSpec(FieldSpec("json", "none", clash))
+    value = (
+        b'{"id": 1, "Id": 2, "Offset": 3, "KEY": "k", "Timestamp": "t", '
+        b'"r": {"a": 4, "A": "x"}, "rs": [{"a": 5, "A": "y"}]}'
+    )
+    (row,) = decode(spec, [value])
+    schema = Decoder(spec).output_schema
+    assert schema.names[:7] == [
+        "id",
+        "value_Id",
+        "value_Offset",
+        "value_KEY",
+        "value_Timestamp",
+        "r",
+        "rs",
+    ]
+    assert schema.field("r").type.names == ["a", "value_A"]
+    assert (row["id"], row["value_Id"], row["value_Offset"], row["offset"]) == (1, 2, 3, 0)
+    assert (row["value_KEY"], row["key"], row["value_Timestamp"]) == ("k", b"k", "t")
+    assert row["r"] == {"a": 4, "value_A": "x"}
+    assert row["rs"] == [{"a": 5, "value_A": "y"}]
+    # What Delta checks: every name distinct without case, at every level.
+    from deltalake import Schema
+
+    Schema.from_arrow(pa.schema([f for f in schema if f.name != "headers"]))
+
+
+def test_a_decoded_keys_fields_that_differ_only_in_case_are_named_by_the_same_rule() -> None:
+    key = pa.schema([("Id", pa.int64()), ("id", pa.string())])
+    spec = DecodeSpec(
+        FieldSpec("json", "none", pa.schema([("n", pa.int64())])),
+        key=FieldSpec("json", "none", key),
+    )
+    batch = kafka([b'{"n": 1}'])
+    batch = batch.set_column(0, "key", pa.array([b'{"Id": 7, "id": "seven"}']))
+    (row,) = Decoder(DecodeSpec.from_json(spec.to_json())).decode(batch).to_pylist()
+    assert row["key"] == {"Id": 7, "value_id": "seven"} and row["_error"] is None
+
+
+_KAFKA_NAMES = ("key", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+
+
+def _cased(draw_base: str, flips: list[bool]) -> str:
+    return "".join(c.upper() if f else c for c, f in zip(draw_base, flips, strict=False))
+
+
+@st.composite
+def _colliding_names(draw) -> list[str]:
+    """Field names of a record that collide by case: with each other (`id`, `Id`, `ID`), with
+    Kafka's columns (`Offset`) and with the rename itself (`value_id`)."""
+    bases = draw(st.lists(st.sampled_from(["id", "ab", "value_id", *_KAFKA_NAMES]), max_size=8))
+    names: list[str] = []
+    for base in bases:
+        name = _cased(base, draw(st.lists(st.booleans(), min_size=len(base), max_size=len(base))))
+        if name not in names:  # a record's names are distinct as its format compares them
+            names.append(name)
+    return names
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=_colliding_names(), cut=st.integers(0, 8))
+def test_generated_names_colliding_by_case_get_distinct_columns_that_later_versions_keep(
+    names: list[str], cut: int
+) -> None:
+    """Every column distinct without case (also inside a record), Delta takes the schema, and
+    a version that adds fields (the reader schema grows at its end) renames no earlier one."""
+    from deltalake import Schema
+
+    def output(fields: list[str]) -> pa.Schema:
+        struct = pa.struct([(n, pa.int64()) for n in fields])
+        reader = pa.schema([*((n, pa.int64()) for n in fields), ("nested", struct)])
+        return Decoder(DecodeSpec(FieldSpec("json", "none", reader))).output_schema
+
+    full = output(names)
+    lowered = [n.lower() for n in full.names]
+    assert len(set(lowered)) == len(lowered), full.names
+    nested = full.field(len(names)).type
+    assert len({f.name.lower() for f in nested}) == nested.num_fields
+    Schema.from_arrow(full)
+    earlier = output(names[:cut])
+    assert full.names[: min(cut, len(names))] == earlier.names[: min(cut, len(names))]
 
 
 # -- the registry client -------------------------------------------------------------------

@@ -162,6 +162,101 @@ def test_value_fields_named_like_kafkas_columns_land_as_value_columns_beside_the
     assert all(r["timestamp"] > START + timedelta(days=1) for r in rows.values())
 
 
+CASES_V1 = {
+    "type": "record",
+    "name": "Cased",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "Id", "type": "string"},
+        {"name": "Offset", "type": "long"},
+        {"name": "KEY", "type": "string"},
+        {"name": "Timestamp", "type": "long"},
+        {
+            "name": "r",
+            "type": {
+                "type": "record",
+                "name": "Inner",
+                "fields": [{"name": "a", "type": "long"}, {"name": "A", "type": "string"}],
+            },
+        },
+    ],
+}
+
+
+def test_value_fields_that_differ_only_in_case_land_under_the_documented_rename_exactly_once(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, sink_engine
+) -> None:
+    """Avro tells `id` from `Id` and `Offset` from Kafka's `offset`; Delta does not (a raw
+    "Duplicate field name (case-insensitive)" on every restart before). Each field whose name
+    is taken without case lands as `value_<name>`, nested ones too; a later version's new
+    field of the same name gets its own column and the earlier ones keep theirs."""
+    (topic,) = new_topics(1, partitions=2)
+    cfg = with_decoding(
+        make_config([topic], engine=sink_engine, transform=None),
+        decoding("avro", schema_registry.url),
+    )
+
+    def record(i: int, **extra: Any) -> dict[str, Any]:
+        r = {"id": i, "Id": f"I{i}", "Offset": 100 + i, "KEY": f"k{i}", "Timestamp": -i}
+        return {**r, "r": {"a": i, "A": f"a{i}"}, **extra}
+
+    values = avro_values(schema_registry.url, topic, CASES_V1, map(record, range(6)))
+    produce(kafka_bootstrap, topic, values, 2)
+    Pipeline(spark, cfg).run()
+
+    v2 = json.loads(json.dumps(CASES_V1))
+    v2["fields"].append({"name": "iD", "type": ["null", "string"], "default": None})
+    later = [record(i, iD=f"d{i}") for i in range(6, 10)]
+    produce(kafka_bootstrap, topic, avro_values(schema_registry.url, topic, v2, later), 2)
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 10)
+    rows = rows_by_id(cfg.delta.table)
+    assert (rows[3]["value_Id"], rows[3]["value_Offset"], rows[3]["value_KEY"]) == ("I3", 103, "k3")
+    assert rows[3]["value_Timestamp"] == -3 and rows[3]["r"] == {"a": 3, "value_A": "a3"}
+    assert rows[3]["value_value_iD"] is None and rows[8]["value_value_iD"] == "d8"
+    assert rows[8]["value_Id"] == "I8" and rows[8]["offset"] < 10
+    assert cfg.dead_letter_table is not None
+    assert not DeltaTable.is_deltatable(cfg.dead_letter_table)
+
+
+def test_json_fields_that_differ_only_in_case_land_under_the_documented_rename(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    (topic,) = new_topics(1, partitions=2)
+    schema = tmp_path / "cased.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "ID": {"type": "string"},
+                    "Partition": {"type": "integer"},
+                    "r": {
+                        "type": "object",
+                        "properties": {"b": {"type": "integer"}, "B": {"type": "integer"}},
+                    },
+                },
+            }
+        )
+    )
+    cfg = with_decoding(
+        make_config([topic], transform=None), decoding("json", schema_file=str(schema))
+    )
+    values = [
+        json.dumps({"id": i, "ID": f"x{i}", "Partition": -i, "r": {"b": i, "B": 2 * i}}).encode()
+        for i in range(8)
+    ]
+    produce(kafka_bootstrap, topic, values, 2)
+    Pipeline(spark, cfg).run()
+
+    assert_exactly_once(cfg, 8)
+    rows = rows_by_id(cfg.delta.table)
+    assert (rows[5]["value_ID"], rows[5]["value_Partition"], rows[5]["partition"]) == ("x5", -5, 1)
+    assert rows[5]["r"] == {"b": 5, "value_B": 10}
+
+
 def test_a_writer_schema_the_reader_lacks_restarts_the_query_with_its_fields_exactly_once(
     spark, kafka_bootstrap, new_topics, make_config, schema_registry
 ) -> None:

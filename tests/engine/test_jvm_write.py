@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from conftest import skip_without_connectors
 from deltalake import DeltaTable, write_deltalake
+from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.runtime.faults import InjectedCrash, armed
 from kafka_delta.sinks.delta_rs import offset_store
@@ -92,7 +93,8 @@ def test_spark_appends_to_an_existing_table_with_its_narrower_column_and_statist
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uri = str(tmp_path / "t")
-    # The table's n is an int; the producers' is a long now (a promotion).
+    # The table's n is an int; the producers' is a long now (a promotion), and the table keeps
+    # its column types (delta.schema_evolution: fail; with add_columns it widens the column).
     schema = pa.schema(
         [
             ("id", pa.int64()),
@@ -106,7 +108,7 @@ def test_spark_appends_to_an_existing_table_with_its_narrower_column_and_statist
     )
     write_deltalake(uri, schema.empty_table())
     used = _no_python_writer(monkeypatch)
-    sink = DeltaRsSink(uri, "p", spark_writes_files=True)
+    sink = DeltaRsSink(uri, "p", mode=WriteMode(add_columns=False), spark_writes_files=True)
     out = _events(spark, range(6), bad=(1,), wide={4: 2**40})
 
     batch = sink.materialize(out)
@@ -118,7 +120,7 @@ def test_spark_appends_to_an_existing_table_with_its_narrower_column_and_statist
     assert dead[0]["_error"] == "bad"
     assert dead[1]["_error"] == (
         "column 'n': the value 1099511627776 (bigint) does not fit the table's int column "
-        "exactly (the delta_rs sink cannot widen a column's type)"
+        "exactly (delta.schema_evolution is fail)"
     )
     table = DeltaTable(uri)
     assert table.schema().to_arrow().field("n").type == pa.int32()

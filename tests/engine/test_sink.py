@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
 from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta.sinks.delta_rs.sink import DeltaRsSink, FencingError
@@ -131,3 +132,114 @@ def test_a_table_the_sink_creates_writes_a_delta_checkpoint_every_10_commits(
     write_deltalake(other, _rows(0))
     DeltaRsSink(other, "p").commit_batch(_rows(1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
     assert "delta.checkpointInterval" not in DeltaTable(other).metadata().configuration
+
+
+# -- a promotion of the producers' schema on a table that exists ------------------------------
+
+
+def _numbers(ids: list[int], n: pa.Array) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "n": n})
+
+
+def test_a_wider_number_widens_the_column_once_and_a_replay_widens_nothing(
+    tmp_path: Path,
+) -> None:
+    """delta-rs has no type widening: the table is rewritten once with the wider column, in a
+    commit of its own before the batch's; the txn actions and the rows before stay, and a
+    replay of the batch neither widens again nor writes."""
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    sink.commit_batch(
+        _numbers([1, 2], pa.array([1, 2], pa.int32())), BatchCommit("p", "p.q", 0, {"o": {0: 2}})
+    )
+    wide = _numbers([3], pa.array([2**40], pa.int64()))
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
+
+    result = sink.commit_batch(wide, second, {"o": {0: 2}})
+
+    table = DeltaTable(uri)
+    assert result.written and table.version() == 2  # the rewrite, then the batch
+    assert table.schema().to_arrow().field("n").type == pa.int64()
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "n": 1},
+        {"id": 2, "n": 2},
+        {"id": 3, "n": 2**40},
+    ]
+    assert table.transaction_version("p.q") == 1 and table.transaction_version("p:offset:o:0") == 3
+    assert DeltaRsOffsetStore(uri, "p").read().offsets == {"o": {0: 3}}
+    replay = DeltaRsSink(uri, "p").commit_batch(wide, second, {"o": {0: 2}})
+    assert not replay.written and DeltaTable(uri).version() == 2
+
+
+def test_a_widening_that_loses_a_commit_race_is_made_again_and_keeps_the_other_writers_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer appends between the snapshot the rewrite read and its commit: the
+    rewrite's commit fails (no retry on a stale snapshot), is made again on the newer one, and
+    the other writer's row is in the table, widened."""
+    import deltalake
+
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    sink.commit_batch(
+        _numbers([1], pa.array([1], pa.int32())), BatchCommit("p", "p.q", 0, {"o": {0: 1}})
+    )
+    real, calls = deltalake.write_deltalake, []
+
+    def racing(table, data, **kw):
+        calls.append(kw.get("mode"))
+        if len(calls) == 1:  # a concurrent writer commits first
+            real(uri, _numbers([9], pa.array([9], pa.int32())), mode="append")
+        return real(table, data, **kw)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", racing)
+    sink.commit_batch(
+        _numbers([2], pa.array([2**40], pa.int64())),
+        BatchCommit("p", "p.q", 1, {"o": {0: 2}}),
+        {"o": {0: 1}},
+    )
+
+    table = DeltaTable(uri)
+    assert calls == ["overwrite", "overwrite"]
+    assert table.schema().to_arrow().field("n").type == pa.int64()
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 9]
+
+
+def test_an_upsert_widens_the_column_before_its_merge(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p", mode=WriteMode("upsert", keys=("id",)))
+    sink.commit_batch(
+        _numbers([1, 2], pa.array([1, 2], pa.int32())), BatchCommit("p", "p.q", 0, {"o": {0: 2}})
+    )
+
+    sink.commit_batch(
+        _numbers([2, 3], pa.array([2**40, 3], pa.int64())),
+        BatchCommit("p", "p.q", 1, {"o": {0: 4}}),
+        {"o": {0: 2}},
+    )
+
+    table = DeltaTable(uri)
+    assert table.schema().to_arrow().field("n").type == pa.int64()
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": 1, "n": 1}, {"id": 2, "n": 2**40}, {"id": 3, "n": 3}]
+
+
+def test_a_nested_promotion_beside_a_nested_field_added_lands_in_both(tmp_path: Path) -> None:
+    """One version promotes r.n (int -> long) and adds r.z: the rewrite widens r.n, then the
+    nested field's own commit adds r.z, then the batch."""
+    uri = str(tmp_path / "t")
+    sink = DeltaRsSink(uri, "p")
+    narrow = pa.struct([("n", pa.int32())])
+    first = pa.table({"id": pa.array([1], pa.int64()), "r": pa.array([{"n": 1}], narrow)})
+    sink.commit_batch(first, BatchCommit("p", "p.q", 0, {"o": {0: 1}}))
+    wide = pa.struct([("n", pa.int64()), ("z", pa.string())])
+    second = pa.table(
+        {"id": pa.array([2], pa.int64()), "r": pa.array([{"n": 2**40, "z": "z"}], wide)}
+    )
+
+    sink.commit_batch(second, BatchCommit("p", "p.q", 1, {"o": {0: 2}}), {"o": {0: 1}})
+
+    table = DeltaTable(uri)
+    assert table.schema().to_arrow().field("r").type == wide
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["r"] for r in rows] == [{"n": 1, "z": None}, {"n": 2**40, "z": "z"}]

@@ -1,6 +1,7 @@
 """The Spark session a plain ``python -m`` run starts (runtime/spark_session.py), in a real JVM:
 the driver options a project's config sets join the engine's (its log configuration, the class
-archive) instead of replacing them."""
+archive) instead of replacing them; its Parquet is what every Delta reader reads (timestamps as
+INT64 microseconds, not Spark's INT96)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,25 @@ RUN = textwrap.dedent(
     spark = build_spark(PipelineConfig.model_validate(settings), log4j)
     system = spark.sparkContext._jvm.java.lang.System
     print(json.dumps({
-        name: system.getProperty(name)
-        for name in ("kafka_delta.own", "log4j2.configurationFile")
+        **{
+            name: system.getProperty(name)
+            for name in ("kafka_delta.own", "log4j2.configurationFile")
+        },
+        **{
+            name: spark.conf.get(name)
+            for name in (
+                "spark.sql.parquet.outputTimestampType",
+                "spark.sql.parquet.datetimeRebaseModeInWrite",
+            )
+        },
     }))
     spark.stop()
     """
 )
 
 
-@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
-def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
-    tmp_path: Path,
-) -> None:
+def _build(tmp_path: Path, conf: dict[str, str]) -> dict[str, str]:
+    """What the session build_spark starts in a process of its own says (RUN)."""
     log4j = tmp_path / "log4j2.properties"
     log4j.write_text("rootLogger.level = error\n")
     settings = {
@@ -44,13 +52,7 @@ def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
         "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["t"], "consumer_group": "g"},
         "delta": {"table": str(tmp_path / "table")},
         "checkpoint": str(tmp_path / "checkpoint"),
-        "spark": {
-            "master": "local[1]",
-            "conf": {
-                "spark.ui.enabled": "false",
-                "spark.driver.extraJavaOptions": "-Dkafka_delta.own=kept",
-            },
-        },
+        "spark": {"master": "local[1]", "conf": {"spark.ui.enabled": "false", **conf}},
     }
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_SUBMIT_ARGS")}
     run = subprocess.run(
@@ -61,9 +63,23 @@ def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
         env=env,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
+    tmp_path: Path,
+) -> None:
+    seen = _build(tmp_path, {"spark.driver.extraJavaOptions": "-Dkafka_delta.own=kept"})
     # The project's own option, and the engine's log configuration beside it.
-    assert seen == {
-        "kafka_delta.own": "kept",
-        "log4j2.configurationFile": f"file:{log4j.resolve()}",
-    }
+    assert seen["kafka_delta.own"] == "kept"
+    assert seen["log4j2.configurationFile"] == f"file:{(tmp_path / 'log4j2.properties').resolve()}"
+
+
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_the_session_writes_parquet_timestamps_every_delta_reader_reads(tmp_path: Path) -> None:
+    """Spark's default is INT96, which deltalake cannot read outside 1677-2262; a conf the
+    project's config sets is its own."""
+    seen = _build(tmp_path, {"spark.sql.parquet.datetimeRebaseModeInWrite": "LEGACY"})
+    assert seen["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
+    assert seen["spark.sql.parquet.datetimeRebaseModeInWrite"] == "LEGACY"

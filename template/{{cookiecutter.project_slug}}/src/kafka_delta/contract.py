@@ -6,7 +6,8 @@ A transform is a pure ``DataFrame -> DataFrame``. It receives, per micro-batch:
 - with ``decoding.value.format: raw``, Spark's Kafka columns as they are (:data:`KAFKA_SCHEMA`:
   key, value, topic, partition, offset, timestamp, timestampType, headers);
 - with a decoder (json, avro, protobuf), the value's own columns (a field named like one of the
-  columns below as ``value_<name>``, :data:`VALUE_FIELD_PREFIX`), then ``key``, the Kafka
+  columns below, or like an earlier field, ignoring case, as ``value_<name>``,
+  :data:`VALUE_FIELD_PREFIX`), then ``key``, the Kafka
   columns but ``value``, :data:`DEAD_LETTER_COLUMN` (set by the decoder on a record it could
   not decode) and the original bytes of such records (``_raw_key``, ``_raw_value``); with a
   Debezium envelope unwrapped (or tombstones as deletes), the row's columns and
@@ -53,10 +54,11 @@ before a table's transform runs, the table's own setting decides (:func:`kafka_d
 key_deletes`) and the column is dropped."""
 
 VALUE_FIELD_PREFIX = "value_"
-"""A value's field named like a column the decoder adds (``key``, ``topic``, ``partition``,
-``offset``, ``timestamp``, ``timestampType``, ``headers``, ``_error``, ``_raw_key``,
-``_raw_value``; ``_op`` when ops are marked) arrives as ``value_<name>``: a value's
-``timestamp`` is the column ``value_timestamp``, beside Kafka's ``timestamp``."""
+"""A value's field named, ignoring case as Spark and Delta do, like a column the decoder adds
+(``key``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``, ``headers``,
+``_error``, ``_raw_key``, ``_raw_value``; ``_op`` when ops are marked) or like an earlier field
+arrives as ``value_<name>``: a value's ``timestamp`` is the column ``value_timestamp``, beside
+Kafka's ``timestamp`` (:mod:`kafka_delta.decoding.columns`)."""
 
 RAW_KEY, RAW_VALUE = "_raw_key", "_raw_value"
 """The original bytes of a record the decoder could not decode (kept on such rows only)."""

@@ -26,8 +26,8 @@ from kafka_delta.contract import (
     RAW_KEY,
     RAW_VALUE,
     RECORD_COLUMNS,
-    VALUE_FIELD_PREFIX,
 )
+from kafka_delta.decoding.columns import column_names, distinct_type
 from kafka_delta.decoding.envelope import row_fields, value_arrays
 from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, SchemaFileError
 
@@ -41,37 +41,33 @@ class PartDecoder(Protocol):
 
 
 def _key_type(key: FieldSpec) -> pa.DataType:
-    """A record key as a struct column; a primitive one (a single field ``value``) as itself."""
+    """A record key as a struct column; a primitive one (a single field ``value``) as itself.
+    Its fields are named as the value's are (:func:`.columns.distinct_type`)."""
     if key.reader.names == ["value"]:
-        return key.reader.field("value").type
-    return pa.struct(list(key.reader))
+        return distinct_type(key.reader.field("value").type)
+    return distinct_type(pa.struct(list(key.reader)))
 
 
 def value_columns(spec: DecodeSpec) -> list[pa.Field]:
-    """The value's fields as the decoder's output names them: a field with the name of a column
-    the decoder adds (``key``, ``topic``, ``partition``, ``offset``, ``timestamp``,
-    ``timestampType``, ``headers``, the engine's ``_error``, ``_raw_key``, ``_raw_value`` and,
-    when ops are marked, ``_op``) is ``value_<name>``
+    """The value's fields as the decoder's output names them (:func:`.columns.column_names`): a
+    field whose name equals, ignoring case as Spark and Delta do, a column the decoder adds
+    (``key``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``,
+    ``headers``, the engine's ``_error``, ``_raw_key``, ``_raw_value`` and, when ops are marked,
+    ``_op``) or an earlier field's column is ``value_<name>``
     (:data:`~kafka_delta.contract.VALUE_FIELD_PREFIX`): Kafka's columns keep their names, a
-    value's ``timestamp`` lands as ``value_timestamp``. The rule depends on the name alone, so a
-    later schema version never renames a column a table already has."""
+    value's ``timestamp`` (or ``Timestamp``) lands as ``value_timestamp``, an ``Id`` after an
+    ``id`` as ``value_Id``; the same inside records. Fields keep the reader's order, the
+    order versions first name them, so a later schema version never renames a column a table
+    already has."""
     fields = row_fields(spec)
     op = [fields.pop()] if spec.marks_ops else []  # the engine's _op, last
     reserved = _RESERVED | ({OP_COLUMN} if spec.marks_ops else set())
     reserved |= {KEY_DELETE_COLUMN} if spec.tombstone_keys else set()
-    names = {f.name for f in fields}
-    out = []
-    for f in fields:
-        if f.name in reserved:
-            own = VALUE_FIELD_PREFIX + f.name
-            if own in names:
-                raise SchemaFileError(
-                    f"the value's field {f.name!r} has the name of a column the decoder adds, so "
-                    f"it lands as {own!r}, but the value also has a field {own!r}: rename one of "
-                    "them in the producers' schema"
-                )
-            f = f.with_name(own)
-        out.append(f)
+    names = column_names((f.name for f in fields), reserved)
+    out = [
+        f.with_name(name).with_type(distinct_type(f.type))
+        for f, name in zip(fields, names, strict=True)
+    ]
     return out + op
 
 
@@ -136,6 +132,9 @@ class Decoder:
     def __init__(self, spec: DecodeSpec) -> None:
         self.spec = spec
         self.output_schema = output_schema(spec)
+        # The decoded arrays' types, as the reader names fields: an output column whose fields
+        # the naming rule renamed is the same data under another type (a zero-copy view).
+        self._decoded = _decoded_types(spec, self.output_schema)
         self.value = _part_decoder(spec.value, spec, "value")
         self.key = None if spec.key is None else _part_decoder(spec.key, spec, "key")
 
@@ -185,10 +184,33 @@ class Decoder:
             *([mark] if self.spec.tombstone_keys else []),
         ]
         arrays = [
-            a.cast(f.type) if a.type != f.type else a
-            for a, f in zip(arrays, self.output_schema, strict=True)
+            _as_column(a, decoded, f.type)
+            for a, decoded, f in zip(arrays, self._decoded, self.output_schema, strict=True)
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+
+
+def _decoded_types(spec: DecodeSpec, output: pa.Schema) -> list[pa.DataType]:
+    """Per output column, its type before the naming rule renamed fields inside it."""
+    values = row_fields(spec)
+    key = None
+    if spec.key is not None:
+        key = (
+            spec.key.reader.field("value").type
+            if spec.key.reader.names == ["value"]
+            else pa.struct(list(spec.key.reader))
+        )
+    types = [f.type for f in output]
+    types[: len(values)] = [f.type for f in values]
+    if key is not None:
+        types[len(values)] = key
+    return types
+
+
+def _as_column(array: pa.Array, decoded: pa.DataType, column: pa.DataType) -> pa.Array:
+    if array.type != decoded:
+        array = array.cast(decoded)
+    return array.view(column) if decoded != column else array
 
 
 @functools.lru_cache(maxsize=8)

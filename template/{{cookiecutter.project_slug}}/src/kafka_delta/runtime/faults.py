@@ -20,6 +20,8 @@ tables: the batch is committed to the tables before the next one only), ``before
 (delta-spark sink: the batch is in Delta, the copy of its commit record not yet written),
 ``after_add_columns``
 (delta-rs sink: the columns a new writer schema brought are committed, the batch is not),
+``after_widen_columns`` (delta-rs sink: the table is rewritten with a promotion's wider
+columns, the batch is not),
 ``in_commit_back`` (the hook is about to commit to the group).
 """
 
@@ -38,6 +40,7 @@ POINTS = frozenset(
         "after_dead_letters",
         "after_data_files",
         "after_add_columns",
+        "after_widen_columns",
         "after_delta_commit",
         "between_tables",
         "before_commit_copy",

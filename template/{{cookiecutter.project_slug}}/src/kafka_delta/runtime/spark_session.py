@@ -12,6 +12,25 @@ from kafka_delta.runtime.python_launcher import use_for_spark
 
 log = logging.getLogger(__name__)
 
+# Parquet that every Delta reader reads back. Spark writes timestamps as INT96 by default, which
+# Arrow-based readers (deltalake, polars, DuckDB) read as nanoseconds: a timestamp outside
+# 1677-2262 then fails to read ("Casting from timestamp[ns] ... would lose data"). INT64
+# microseconds is Delta's own timestamp type (what delta-rs writes), and CORRECTED keeps dates
+# before 1582 in the proleptic Gregorian calendar every other reader uses. Session confs, so
+# they hold under Spark Connect too; a key the config's spark.conf sets is the config's.
+READABLE_PARQUET = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+}
+
+
+def use_readable_parquet(spark, configured: dict[str, str] | None = None) -> None:
+    """Set :data:`READABLE_PARQUET` on ``spark`` (classic or Connect), but the keys
+    ``configured`` (the config's ``spark.conf``) names."""
+    for key, value in READABLE_PARQUET.items():
+        if key not in (configured or {}):
+            spark.conf.set(key, value)
+
 
 def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
@@ -37,6 +56,7 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
                 spark.conf.set(key, value)
             except Exception as exc:  # a static conf: the server's to set
                 log.warning("spark.conf %s is not settable on a Connect session: %s", key, exc)
+        use_readable_parquet(spark, config.spark.conf)
         return spark
     # Under spark-submit (or on Databricks) the master is already chosen; only a plain
     # `python -m` run takes the one from the config file.
@@ -58,6 +78,7 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    use_readable_parquet(spark, config.spark.conf)
     if not is_connect(spark):  # a Connect session (the platform's) has no SparkContext
         spark.sparkContext.setLogLevel("WARN")
     return spark

@@ -402,14 +402,37 @@ def _conform(batch: pa.RecordBatch | pa.Table, target: FileTarget) -> pa.Table:
 
 # -- a batch's values in the table's column types ---------------------------------------------
 #
-# Promotions (the producers' int became long, float became double): Delta's type widening
-# changes the column on the delta_spark sink. delta-rs 1.6.6 cannot change a column's type
-# (its ``alter`` adds columns only), so the delta_rs sink keeps the table's column and puts each
-# value into it when it fits exactly (a long 7 into an int column); a value that does not fit
-# (2**40, 1.5 into an int column) makes its record a dead letter naming the column, the value
-# and both types (:func:`misfits`), and the rest of the batch lands.
+# Promotions (the producers' int became long, float became double): with schema evolution the
+# sink widens the table's column before the batch's files are written (:func:`wider_type`,
+# ``DeltaRsSink._widen_columns``). With ``delta.schema_evolution: fail`` the table keeps its
+# column and each value goes into it when it fits exactly (a long 7 into an int column); a value
+# that does not fit (2**40, 1.5 into an int column) makes its record a dead letter naming the
+# column, the value and both types (:func:`misfits`), and the rest of the batch lands.
 
 _NUMBERS = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64())
+
+
+def wider_type(table: pa.DataType, batch: pa.DataType) -> pa.DataType | None:
+    """The type the table's column ``table`` widens to for the batch's ``batch``, when the
+    batch's is wider by a promotion (a wider number: int -> long, float -> double, an integer ->
+    float or double, as Avro promotes; also inside structs, lists and maps); None when there
+    is none to make."""
+    if table in _NUMBERS and batch in _NUMBERS:
+        return batch if _NUMBERS.index(batch) > _NUMBERS.index(table) else None
+    if pa.types.is_struct(table) and pa.types.is_struct(batch):
+        theirs = {f.name: f.type for f in batch}
+        fields = [
+            f.with_type(w) if (w := wider_type(f.type, theirs.get(f.name, f.type))) else f
+            for f in table
+        ]
+        return pa.struct(fields) if fields != list(table) else None
+    if pa.types.is_list(table) and pa.types.is_list(batch):
+        value = wider_type(table.value_type, batch.value_type)
+        return None if value is None else pa.list_(table.value_field.with_type(value))
+    if pa.types.is_map(table) and pa.types.is_map(batch):
+        item = wider_type(table.item_type, batch.item_type)
+        return None if item is None else pa.map_(table.key_field, table.item_field.with_type(item))
+    return None
 
 
 def _narrowable(batch: pa.DataType, table: pa.DataType) -> bool:
@@ -434,7 +457,7 @@ def misfits(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.Array | None, 
             None
             if not m
             else f"column {f.name!r}: the value {v!r} ({column.type}) does not fit the table's "
-            f"{f.type} column exactly (the delta_rs sink cannot widen a column's type)"
+            f"{f.type} column exactly (delta.schema_evolution is fail)"
             for m, v in zip(mine.to_pylist(), column.to_pylist(), strict=True)
         ]
         text = pa.array(texts, pa.string())

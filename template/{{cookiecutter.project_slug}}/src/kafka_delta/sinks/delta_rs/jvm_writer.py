@@ -73,8 +73,9 @@ PARQUET_CONFS = {
     "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
     "spark.sql.parquet.writeLegacyFormat": "false",
 }
-# The reason a dead letter of the promotion rule names (the pyarrow writer's words).
-WHY_NOT_WIDENED = "the delta_rs sink cannot widen a column's type"
+# The reason a dead letter of the promotion rule names (the pyarrow writer's words): with schema
+# evolution the sink widens the column before the batch (DeltaRsSink._widen_columns).
+WHY_NOT_WIDENED = "delta.schema_evolution is fail"
 # How long the driver waits for the dead letters Spark's listener bus delivers after the job.
 OBSERVATION_WAIT_S = 60.0
 

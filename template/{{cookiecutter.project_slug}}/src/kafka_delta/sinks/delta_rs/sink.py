@@ -84,6 +84,7 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     check_table_supported,
     delta_arrow_schema,
     discard_files,
+    wider_type,
     write_files,
 )
 from kafka_delta.sinks.delta_rs.jvm_writer import can_write, write_with_spark
@@ -281,9 +282,88 @@ class DeltaRsSink:
         check_table_supported(table)
         schema = pa.schema(table.schema().to_arrow())
         if self.mode.add_columns:
+            table, schema = self._widen_columns(table, batch, schema)
             schema = self._add_columns(table, batch, schema)
         check_batch_schema(batch, schema, self.table_uri)
         return schema
+
+    def _widen_columns(
+        self, table: DeltaTable, batch: pa.Schema, schema: pa.Schema, check: bool = True
+    ) -> tuple[DeltaTable, pa.Schema]:
+        """(the table, its schema) with each column the batch holds wider by a promotion of the
+        producers' schema (int -> long, float -> double, an integer -> double: what a Schema
+        Registry accepts, see :func:`wider_type`) widened, by a commit of its own before the
+        batch's files are written, like :meth:`_add_columns`.
+
+        delta-rs 1.6.6 cannot widen a column in place: it has no type widening (it neither
+        reads nor writes a table with Delta's ``typeWidening`` feature), and a schema commit
+        alone would leave files whose Parquet type is not the column's. So the table is
+        rewritten: ONE overwrite commit of every row cast to the wider types, on the snapshot
+        read, with no retry: a commit that landed since (another writer's rows) makes it fail,
+        and it is made again on the newer snapshot, so no row is lost. The txn actions, the
+        table's id and properties are log state the overwrite keeps, and the rows keep their
+        Kafka positions, so the stored offsets are as they were. Idempotent: once the column
+        is wide a replayed or restarted batch finds nothing to widen. It costs a read and a
+        write of the whole table, once per promotion (measured: docs/design.md). ``check``:
+        the batch must otherwise fit the table first (an append; a MERGE's source is checked
+        by the MERGE)."""
+        from deltalake import write_deltalake
+
+        widened: list[str] = []
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            wider = {
+                f.name: t
+                for f in schema
+                if f.name in batch.names
+                and (t := wider_type(f.type, batch.field(f.name).type)) is not None
+            }
+            if not wider:
+                break  # nothing to widen, or another run widened it first
+            target = pa.schema([f.with_type(wider.get(f.name, f.type)) for f in schema])
+            # The rest of the batch must fit first: a batch refused for another column leaves
+            # the table as it was.
+            if check:  # with the columns and nested fields _add_columns adds next
+                new = [f for f in batch if f.name not in target.names]
+                added = [
+                    f.with_type(_with_nested_fields(f.type, batch.field(f.name).type))
+                    if f.name in batch.names
+                    else f
+                    for f in target
+                ]
+                check_batch_schema(batch, pa.schema([*added, *new]), self.table_uri)
+            rows = (b.cast(target) for b in table.to_pyarrow_dataset().to_batches())
+            try:
+                write_deltalake(
+                    table,
+                    pa.RecordBatchReader.from_batches(target, rows),
+                    mode="overwrite",
+                    schema_mode="overwrite",
+                    commit_properties=CommitProperties(max_commit_retries=0),
+                )
+            except CommitFailedError as exc:
+                log.info("widening lost a commit race (%s); again (attempt %d)", exc, attempt)
+            else:
+                widened = [f"{n} {schema.field(n).type} -> {t}" for n, t in wider.items()]
+            table = self._table()
+            assert table is not None
+            schema = pa.schema(table.schema().to_arrow())
+            if widened:
+                break
+        else:
+            raise FencingError(
+                f"widening columns of {self.table_uri} lost the commit race {_MAX_ATTEMPTS} "
+                "times in a row; too many concurrent writers"
+            )
+        if not widened:
+            return table, schema
+        log.info(
+            "table %s: column(s) %s widened as the producers' schema did (the table rewritten "
+            "in one commit: delta-rs has no type widening)",
+            self.table_uri,
+            ", ".join(widened),
+        )
+        crash_point("after_widen_columns")
+        return table, schema
 
     def _add_columns(self, table: DeltaTable, batch: pa.Schema, schema: pa.Schema) -> pa.Schema:
         """The table's schema with the batch's new columns added (nullable), by a commit of
@@ -543,6 +623,13 @@ class DeltaRsSink:
                         if merge_source is None:
                             merge_source = _arrow(rows)
                         if merge_source.num_rows:
+                            if self.mode.add_columns:
+                                table, _ = self._widen_columns(
+                                    table,
+                                    delta_arrow_schema(merge_source.schema),
+                                    pa.schema(table.schema().to_arrow()),
+                                    check=False,
+                                )
                             version = self._merge(table, merge_source, properties)
                             rows_written = merge_source.num_rows
                             return self._committed(commit, version, rows_written)
@@ -559,9 +646,9 @@ class DeltaRsSink:
                 elif table is not None:
                     # Written for an older snapshot: still the table's schema?
                     check_table_supported(table)
-                    check_batch_schema(
-                        files.schema, pa.schema(table.schema().to_arrow()), self.table_uri
-                    )
+                    now = pa.schema(table.schema().to_arrow())
+                    check_batch_schema(files.schema, now, self.table_uri)
+                    _check_not_widened_since(files.schema, now, self.table_uri)
                 version = self._commit_files(table, files, properties)
             except CommitFailedError as exc:
                 log.info(
@@ -596,6 +683,19 @@ class DeltaRsSink:
             offsets_to_json(commit.end_offsets),
         )
         return SinkResult(written=True, rows=rows, delta_version=version)
+
+
+def _check_not_widened_since(files: pa.Schema, table: pa.Schema, table_uri: str) -> None:
+    """Files written in a column type the table has widened since (another writer rewrote it,
+    :meth:`DeltaRsSink._widen_columns`) are not committed: their Parquet type is no longer the
+    column's. The batch stops before its commit; run again, it writes its files anew."""
+    for f in files:
+        if f.name in table.names and wider_type(f.type, table.field(f.name).type) is not None:
+            raise SchemaMismatchError(
+                f"column {f.name!r} of table {table_uri} was widened to "
+                f"{table.field(f.name).type} while the batch's files were written as {f.type}; "
+                "nothing was written: run again to write them in the table's new type"
+            )
 
 
 def _arrow(rows: Rows) -> pa.Table:

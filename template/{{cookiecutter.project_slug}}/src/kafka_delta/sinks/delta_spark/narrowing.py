@@ -1,20 +1,32 @@
-"""A batch's wider numbers in a delta-spark table's narrower columns: the delta-spark half of the
-promotion rule the delta-rs sink applies in its file writer
-(:func:`kafka_delta.sinks.delta_rs.file_writer.misfits`).
+"""A batch's wider numbers against a delta-spark table's narrower columns: the delta-spark half of
+the promotion rule the delta-rs sink applies (:meth:`kafka_delta.sinks.delta_rs.sink.DeltaRsSink.
+_widen_columns`).
 
 A producer's int became long, or float became double (changes a Schema Registry accepts), so the
-batch's column is wider than the table's. Delta widens the column itself during schema evolution
-when the table has type widening on (``delta.enableTypeWidening``: int to long, float to double
-in Delta 4), and the batch is then written as it is. Otherwise each value goes into the table's
-column when it fits exactly (a long 7 into an int column), and a value that does not fit (2**40,
-or 1.5 into an int column) makes its row a dead letter naming the column, the value and both
-types; the rest of the batch lands. Top-level columns only: a wider number nested in a struct
-is left to Delta, which refuses it with its own sentence.
+batch's column is wider than the table's. With schema evolution (``delta.schema_evolution:
+add_columns``, the default) the column follows, by a commit of its own before the batch's, all
+through Spark SQL (:func:`widen_columns`):
+
+- in place, when the table has Delta's type widening on (``delta.enableTypeWidening``) and Delta
+  makes the change (int -> long, float -> double, an integer -> double; top level or inside
+  structs): ``ALTER TABLE ... ALTER COLUMN ... TYPE``, no data file rewritten;
+- otherwise the table is rewritten once, in one overwrite commit, with the wider columns
+  (``overwriteSchema``): the sink never turns type widening on itself, since it upgrades the
+  table's protocol past what delta-rs (deltalake 1.6.6) reads.
+
+Either commit is idempotent: once the column is wide, a replayed or restarted batch finds nothing
+to widen; a concurrent writer's commit makes Delta refuse it (the run stops, and its restart
+widens on the newer snapshot). Without schema evolution (:func:`fit_to_table`) each value goes
+into the table's column when it fits exactly (a long 7 into an int column), and a value that does
+not fit makes its row a dead letter naming the column, the value and both types.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+import logging
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -41,8 +53,118 @@ _AUTOMATIC = {
 }
 
 
+# What Delta 4's type widening changes in place (ALTER COLUMN ... TYPE): besides _AUTOMATIC, an
+# integer to double. A long to double, or anything to float, it does not.
+_IN_PLACE = _AUTOMATIC | {
+    (T.ByteType, T.DoubleType),
+    (T.ShortType, T.DoubleType),
+    (T.IntegerType, T.DoubleType),
+}
+
+log = logging.getLogger(__name__)
+
+
 def _rank(t: T.DataType) -> int | None:
     return next((i for i, kind in enumerate(_NUMBERS) if isinstance(t, kind)), None)
+
+
+def wider_type(table: T.DataType, batch: T.DataType) -> T.DataType | None:
+    """The type the table's column ``table`` widens to for the batch's ``batch`` (a wider number,
+    also inside structs, arrays and maps); None when there is none to make."""
+    mine, theirs = _rank(table), _rank(batch)
+    if mine is not None and theirs is not None:
+        return batch if theirs > mine else None
+    if isinstance(table, T.StructType) and isinstance(batch, T.StructType):
+        other = {f.name: f.dataType for f in batch.fields}
+        fields, changed = [], False
+        for f in table.fields:
+            wide = wider_type(f.dataType, other.get(f.name, f.dataType))
+            changed |= wide is not None
+            fields.append(T.StructField(f.name, wide or f.dataType, f.nullable, f.metadata))
+        return T.StructType(fields) if changed else None
+    if isinstance(table, T.ArrayType) and isinstance(batch, T.ArrayType):
+        wide = wider_type(table.elementType, batch.elementType)
+        return None if wide is None else T.ArrayType(wide, table.containsNull)
+    if isinstance(table, T.MapType) and isinstance(batch, T.MapType):
+        wide = wider_type(table.valueType, batch.valueType)
+        return None if wide is None else T.MapType(table.keyType, wide, table.valueContainsNull)
+    return None
+
+
+def _in_place(table: T.DataType, batch: T.DataType, path: str) -> list[tuple[str, T.DataType]]:
+    """The ``ALTER COLUMN`` changes (field path, new type) that widen ``table`` to ``batch``
+    in place, or raise ValueError when Delta cannot make one of them in place."""
+    mine, theirs = _rank(table), _rank(batch)
+    if mine is not None and theirs is not None:
+        if theirs <= mine:
+            return []
+        if (type(table), type(batch)) not in _IN_PLACE:
+            raise ValueError(path)
+        return [(path, batch)]
+    if isinstance(table, T.StructType) and isinstance(batch, T.StructType):
+        other = {f.name: f.dataType for f in batch.fields}
+        return [
+            change
+            for f in table.fields
+            if f.name in other
+            for change in _in_place(f.dataType, other[f.name], f"{path}.`{_tick(f.name)}`")
+        ]
+    if wider_type(table, batch) is not None:
+        raise ValueError(path)  # inside an array or a map: left to the rewrite
+    return []
+
+
+def _tick(name: str) -> str:
+    return name.replace("`", "``")
+
+
+def widen_columns(
+    spark: SparkSession, table_uri: str, table: Any, schema: T.StructType, batch: T.StructType
+) -> bool:
+    """Widen the columns of the table at ``table_uri`` (``table``: its delta-spark
+    ``DeltaTable``, ``schema`` its columns) that ``batch`` holds wider, as the module says;
+    True when it committed a change. Spark SQL and the DataFrame API only (I14)."""
+    theirs = {f.name: f.dataType for f in batch.fields}
+    wider = {
+        f.name: w
+        for f in schema.fields
+        if f.name in theirs and (w := wider_type(f.dataType, theirs[f.name])) is not None
+    }
+    if not wider:
+        return False
+    ref = f"delta.`{_tick(table_uri)}`"
+    properties = table.detail().select("properties").first()
+    widening = (properties[0] or {}).get("delta.enableTypeWidening", "false") == "true"
+    changes: list[tuple[str, T.DataType]] | None = [] if widening else None
+    if changes is not None:
+        try:
+            for f in schema.fields:
+                if f.name in wider:
+                    changes += _in_place(f.dataType, theirs[f.name], f"`{_tick(f.name)}`")
+        except ValueError:
+            changes = None
+    if changes is not None:
+        for path, kind in changes:
+            spark.sql(f"ALTER TABLE {ref} ALTER COLUMN {path} TYPE {kind.simpleString()}")
+        how = "in place (Delta's type widening)"
+    else:
+        from pyspark.sql import functions as F
+
+        current = spark.read.format("delta").load(table_uri)
+        current.select(
+            [
+                F.col(f"`{n}`").cast(wider[n]).alias(n) if n in wider else F.col(f"`{n}`")
+                for n in current.columns
+            ]
+        ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table_uri)
+        how = "by rewriting the table in one commit"
+    log.info(
+        "table %s: column(s) %s widened as the producers' schema did, %s",
+        table_uri,
+        ", ".join(f"{n} -> {t.simpleString()}" for n, t in wider.items()),
+        how,
+    )
+    return True
 
 
 def narrower_columns(

@@ -61,7 +61,11 @@ from kafka_delta.offsets.stored import read_stored
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import split_dead_letters_df
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.narrowing import fit_to_table, narrower_columns
+from kafka_delta.sinks.delta_spark.narrowing import (
+    fit_to_table,
+    narrower_columns,
+    widen_columns,
+)
 from kafka_delta.sinks.delta_spark.offset_store import TableLogReader, delta_table
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
@@ -154,15 +158,20 @@ class DeltaSparkSink:
 
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark.
-        A number column wider than the table's (a producer's int became long) goes into the
-        table's column where each value fits, its other rows dead letters, unless the table's
-        type widening lets Delta widen the column (:mod:`.narrowing`)."""
+        A number column wider than the table's (a producer's int became long) widens the
+        table's column first, by a commit of its own (:func:`.narrowing.widen_columns`); without
+        schema evolution it goes into the table's column where each value fits, its other rows
+        dead letters (:func:`.narrowing.fit_to_table`)."""
         table = delta_table(self.spark, self.table_uri)
         schema = None if table is None else table.toDF().schema
+        if (
+            schema is not None
+            and self.mode.add_columns
+            and widen_columns(self.spark, self.table_uri, table, schema, out.schema)
+        ):
+            schema = delta_table(self.spark, self.table_uri).toDF().schema
         if schema is not None and narrower_columns(out.schema, schema, widening=False):
-            properties = table.detail().select("properties").first()
-            widening = (properties[0] or {}).get("delta.enableTypeWidening", "false") == "true"
-            out = fit_to_table(out, schema, widening and self.mode.add_columns)
+            out = fit_to_table(out, schema, widening=False, why="delta.schema_evolution is fail")
         return split_dead_letters_df(out)
 
     def _frame(self, rows: Rows) -> DataFrame:
