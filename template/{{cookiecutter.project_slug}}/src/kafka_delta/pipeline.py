@@ -996,14 +996,12 @@ class Pipeline:
         failed in committed nothing (decoding runs before the commit), so Spark plans it again
         from the checkpoint's offset log, and it lands exactly once:
 
-        - Kafka is unavailable (:mod:`kafka_delta.kafka.outage`): the query restarts after a
-          wait that grows, until the outage lasted ``kafka.unavailable_timeout_seconds``; then
-          this raises the outage's sentence;
-
         - the producers' schema gained fields (delta.schema_evolution: add_columns): the
           query restarts with a reader schema that holds them; the sink adds the columns;
         - the Schema Registry is unreachable: the query restarts after a wait that grows,
-          until the waits are used up (then the run stops with the registry's sentence).
+          until the waits are used up (then the run stops with the registry's sentence);
+        - Kafka is unavailable (:mod:`kafka_delta.kafka.outage`): the same, until the outage
+          lasted ``kafka.unavailable_timeout_seconds``; then this raises its sentence.
         """
         if self._gate.requested:
             return False
