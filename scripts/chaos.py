@@ -12,6 +12,16 @@ table. Last line:
     chaos: kills=<K> checkpoint_resets=<C> produced=<N> table_rows=<N> distinct_ids=<N> \
 missing=0 duplicates=0
 
+With ``--pauses N`` the broker is paused (SIGSTOP) in N of the random-kill cycles, for
+``--pause-seconds`` (longer than a metadata request's 30 s), then resumed (SIGCONT): the run
+must ride the pause out (kafka.unavailable_timeout_seconds), still running when the cycle's
+kill comes, and lose or double nothing.
+
+With ``--faulty-transforms N``, N random-kill cycles (not paused ones) run a transform that
+raises inside a Spark task instead (counted as kills): the run must stop by itself, exit status
+1, with nothing committed; the next cycle runs the project's own transform again and resumes
+exactly once.
+
 With ``--fan-out`` the pipeline writes two tables from its one stream, routed by record (even
 ids to one, odd to the other, both reading every partition), and the named crash points include
 ``between_tables``: a kill after the first table's commit of a batch and before the second's.
@@ -84,6 +94,118 @@ class RoundProducer:
             raise self.error
 
 
+FAULTY_TRANSFORM = '''"""The project's transform, and a UDF that raises in every Spark task
+(scripts/chaos.py --faulty-transforms): a run of it must stop and commit nothing."""
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+from {package}.transform import transform as own
+
+
+@F.udf(LongType())
+def _boom(value):
+    raise ValueError(f"boom: a faulty transform met id {{value}} (chaos)")
+
+
+def transform(df):
+    return own(df).withColumn("id", _boom(F.col("id")))
+'''
+
+
+def faulty_transform(project: harness.Project, conf: dict) -> Path:
+    """A config naming a transform that raises inside a task, beside the project's own."""
+    module = project.root / "src" / project.package / "chaos_faulty.py"
+    module.write_text(FAULTY_TRANSFORM.format(package=project.package), encoding="utf-8")
+    return project.write_config(
+        "chaos-faulty", {**conf, "transform": f"{project.package}.chaos_faulty:transform"}
+    )
+
+
+def table_version(table: str, storage_options: dict[str, str] | None) -> int | None:
+    try:
+        return DeltaTable(table, storage_options=storage_options).version()
+    except Exception:  # no table yet
+        return None
+
+
+def run_faulty(
+    command: list[str],
+    project: Path,
+    env: dict[str, str],
+    producer: RoundProducer,
+    table: str,
+    storage_options: dict[str, str] | None,
+    log_path: Path,
+) -> None:
+    """A run of the faulty transform with a round of records to read: it must stop by itself
+    with exit status 1 and leave the table as it was."""
+    producer.start_round(0.0)
+    producer.wait()
+    before = table_version(table, storage_options)
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            command, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its group: Spark's JVM and workers too
+            proc.wait()
+    after = table_version(table, storage_options)
+    if proc.returncode != 1 or before != after:
+        print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
+        raise SystemExit(
+            f"the faulty transform's run ended with {proc.returncode} (not 1) or committed "
+            f"(table version {before} -> {after}); see {log_path}"
+        )
+
+
+def pause_broker(
+    broker: broker_mod.EmbeddedBroker,
+    proc: subprocess.Popen[bytes],
+    producer: RoundProducer,
+    after_s: float,
+    pause_s: float,
+    log_path: Path,
+) -> str:
+    """Pause the broker ``after_s`` after the run's first batch (a broker away when a run
+    starts stops it at once, exit 2: not this move; and while Spark starts, nothing may ask
+    Kafka for the pause's length), for ``pause_s``; resume it, produce a round, and wait (60 s
+    at most) for the run to commit a batch after the pause: how the cycle went, for its line.
+    The run must still be running then; the cycle's kill follows."""
+    assert broker.process is not None
+    deadline = time.monotonic() + 120.0
+    while "INFO kafka_delta.pipeline: batch=" not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return "broker not paused: the run did not start"
+        time.sleep(0.2)
+    time.sleep(after_s)
+    os.kill(broker.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(pause_s)
+    finally:
+        os.kill(broker.process.pid, signal.SIGCONT)
+    batches = log_path.read_text(errors="replace").count("kafka_delta.pipeline: batch=")
+    producer.start_round(0.0)
+    producer.wait()
+    deadline = time.monotonic() + 60.0
+    text = ""
+    while proc.poll() is None and time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if text.count("kafka_delta.pipeline: batch=") > batches:
+            break
+        time.sleep(0.5)
+    else:
+        return f"broker paused {pause_s:.0f}s from {after_s:.1f}s: no batch after it"
+    retries = text.count("Kafka is unavailable")
+    return (
+        f"broker paused {pause_s:.0f}s from {after_s:.1f}s, ridden out ({retries} retries), "
+        "a batch after it, then SIGKILL"
+    )
+
+
 def first_commit_seconds(
     table_uri: str, started_wall: float, storage_options: dict[str, str] | None = None
 ) -> float | None:
@@ -108,6 +230,21 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=25.0,
         help="random kills happen 1..this many seconds after a start",
+    )
+    parser.add_argument(
+        "--pauses", type=int, default=0, help="random-kill cycles that pause the broker first"
+    )
+    parser.add_argument(
+        "--pause-seconds",
+        type=float,
+        default=35.0,
+        help="how long a pause lasts (past 30 s, a metadata request fails and the run retries)",
+    )
+    parser.add_argument(
+        "--faulty-transforms",
+        type=int,
+        default=0,
+        help="random-kill cycles that run a transform raising in a task (the run must stop)",
     )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--workdir", type=Path, default=REPO / ".chaos")
@@ -140,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.resets > args.kills:
         parser.error("--resets cannot exceed --kills (a reset happens before a killed cycle)")
+    if args.pauses + args.faulty_transforms > args.kills // 2:
+        parser.error(
+            "--pauses and --faulty-transforms take random-kill cycles: half of --kills at most"
+        )
+    if args.faulty_transforms and args.fan_out:
+        parser.error("--faulty-transforms runs the one-table pipeline only")
     if args.table_on == "s3" and args.sink != "delta_rs":
         parser.error("--table-on s3 needs --sink delta_rs (delta-spark on S3 needs hadoop-aws)")
     rng = random.Random(args.seed)
@@ -187,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         tables = [f"{where}_{name}" for name in routes]
         table = tables[0]
     config = generated.write_config("chaos", conf)
+    faulty_command = None
+    if args.faulty_transforms:
+        faulty_command = generated.command(faulty_transform(generated, conf), "<bootstrap>")
     topics, group = conf["kafka"]["topics"], conf["kafka"]["consumer_group"]
     pipeline_id = conf["pipeline_id"]
     checkpoint = project / conf["checkpoint"]
@@ -200,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     env = generated.env()
     command = generated.command(config, bootstrap)
     recoveries: list[float] = []
-    kills = resets = cycle = 0
+    kills = resets = cycle = pauses = faulty = 0
     reset_every = max(1, args.kills // max(1, args.resets)) if args.resets else 0
     try:
         produce_mod.ensure_topics(bootstrap, topics, args.partitions)
@@ -232,6 +378,25 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 delay = rng.uniform(1.0, args.max_kill_delay)
                 how = f"SIGKILL after {delay:.1f}s"
+            pause = not cycle % 2 and pauses < args.pauses
+            if not cycle % 2 and not pause and faulty < args.faulty_transforms:
+                assert faulty_command is not None
+                faulty += 1
+                run_faulty(
+                    [bootstrap if a == "<bootstrap>" else a for a in faulty_command],
+                    project,
+                    env,
+                    producer,
+                    str(table),
+                    storage_options,
+                    args.workdir / f"run-{cycle:03d}.log",
+                )
+                kills += 1  # the run ended abnormally, as a kill ends it
+                log(
+                    f"cycle {cycle}: a transform raising in a task stopped the run (exit 1), "
+                    "nothing committed"
+                )
+                continue
             log_path = args.workdir / f"run-{cycle:03d}.log"
             started = time.time()
             with open(log_path, "wb") as out:
@@ -245,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 # New records arrive while the pipeline starts up or runs.
                 producer.start_round(rng.uniform(0.5, 4.0))
+                if pause:
+                    producer.wait()  # produced before the pause: a paused broker takes none
+                    pauses += 1
+                    how = pause_broker(
+                        broker, proc, producer, min(delay, 5.0), args.pause_seconds, log_path
+                    )
+                    delay = 0.1 if proc.poll() is None else 0.0
                 try:
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:

@@ -1,6 +1,7 @@
 """The crash harness, CI-sized: SIGKILLs at random moments and at the engine's named crash
-points, a deleted checkpoint, then an independent check that every record landed once (I1,
-I3). The full run (`scripts/chaos --kills 50 --resets 5`) is the same code with more cycles."""
+points, a deleted checkpoint, a broker paused past a metadata request's 30 s (one
+configuration), then an independent check that every record landed once (I1, I3, I9). The full
+run (`scripts/chaos --kills 50 --resets 5 --pauses 5`) is the same code with more cycles."""
 
 from __future__ import annotations
 
@@ -21,19 +22,21 @@ LAST_LINE = re.compile(
 
 
 @pytest.mark.parametrize(
-    ("sink", "value_format", "table_on", "fan_out"),
+    ("sink", "value_format", "table_on", "fan_out", "faults"),
     [
-        ("delta_rs", "json", "disk", False),
-        ("delta_spark", "json", "disk", False),
+        # A broker pause (35 s), which the run rides out (kafka.unavailable_timeout_seconds),
+        # and a run of a transform that raises in a task, which stops and commits nothing.
+        pytest.param("delta_rs", "json", "disk", False, 1, id="delta_rs-json-disk-outages"),
+        pytest.param("delta_spark", "json", "disk", False, 0, id="delta_spark-json-disk"),
         # Avro with a schema change and a table in a bucket, in one run: each is its own
         # mechanism (decoding and add_columns; the object store's commits and side files).
-        ("delta_rs", "avro", "s3", False),
+        pytest.param("delta_rs", "avro", "s3", False, 0, id="delta_rs-avro-s3"),
         # Two tables by record routing, the first kill between their commits of a batch.
-        ("delta_rs", "json", "disk", True),
+        pytest.param("delta_rs", "json", "disk", True, 0, id="delta_rs-json-disk-fan_out"),
     ],
 )
 def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once(
-    tmp_path: Path, sink: str, value_format: str, table_on: str, fan_out: bool
+    tmp_path: Path, sink: str, value_format: str, table_on: str, fan_out: bool, faults: int
 ) -> None:
     """With ``avro``, Confluent-framed records behind the local registry whose schema gains a
     field in the middle of the kills: the table gains the column, and no record is lost or
@@ -64,6 +67,7 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
             "--table-on",
             table_on,
             *(["--fan-out"] if fan_out else []),
+            *(["--pauses", str(faults), "--faulty-transforms", str(faults)] if faults else []),
         ],
         capture_output=True,
         text=True,
@@ -88,4 +92,12 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
         assert "table=s3://chaos/orders" in output
     if fan_out:
         assert "killed by crash point between_tables;" in output
+    if faults:
+        ridden = re.findall(
+            r"broker paused \d+s from [\d.]+s, ridden out \((\d+) retries\)", output
+        )
+        assert len(ridden) == faults, output[-8000:]
+        assert all(int(n) >= 1 for n in ridden), ridden  # the pause outlasted a request
+        stopped = "a transform raising in a task stopped the run (exit 1), nothing committed"
+        assert output.count(stopped) == faults, output[-8000:]
     print(last)

@@ -62,6 +62,10 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
             "-2 (earliest) / -1 (latest)",
         ),
         (lambda d: d["kafka"].update(client={"group.id": "x"}), "manages itself"),
+        (
+            lambda d: d["kafka"].update(unavailable_timeout_seconds=-1),
+            "kafka.unavailable_timeout_seconds",
+        ),
         (lambda d: d["trigger"].update(mode="sometimes"), "trigger.mode"),
         (lambda d: d.update(pipeline_id="has space"), "pipeline_id"),
         (lambda d: d["delta"].update(tabel="typo"), "delta.tabel: unknown key"),

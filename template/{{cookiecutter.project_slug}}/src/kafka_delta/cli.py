@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> int:
 # Exit codes: 0 done; 1 failed; 2 bad input, or a state the run refuses (one sentence, nothing
 # written); 3 fenced: another run of the pipeline, or an operator, moved the table's offsets
 # while this run was in a batch (nothing of the batch was written; a restart recovers);
-# 4 unavailable: a service the run needs (the Schema Registry) stayed down through the run's
-# retries (nothing of the batch was written; start again once it is back).
+# 4 unavailable: a service the run needs (Kafka, the Schema Registry) stayed down through the
+# run's retries (nothing of the batch was written; start again once it is back).
 EXIT_FAILED, EXIT_REFUSED, EXIT_FENCED, EXIT_UNAVAILABLE = 1, 2, 3, 4
 # Expected outcomes: the exception's own sentence is the whole report.
 _EXPECTED = {
@@ -175,6 +175,8 @@ _EXPECTED = {
     "SchemaFileError": EXIT_REFUSED,
     "SchemaMismatchError": EXIT_REFUSED,
     "RegistryUnavailableError": EXIT_UNAVAILABLE,
+    # The brokers stayed unreachable for kafka.unavailable_timeout_seconds (kafka/outage.py).
+    "KafkaUnavailableError": EXIT_UNAVAILABLE,
 }
 
 

@@ -63,6 +63,11 @@ class KafkaConfig(_Model):
     fail_on_data_loss: bool = True
     # Seconds a read task waits for offsets that the plan says exist before failing.
     poll_timeout_seconds: float = Field(default=120.0, gt=0)
+    # How long a run rides out brokers that stop answering while it runs (a rolling restart, a
+    # network outage), counted from the first failed request: the unfinished batch waits
+    # uncommitted and is tried again after 1, 2, 4 ... 30 s; then the run stops with exit
+    # code 4 and one sentence naming the brokers. 0: stop at the first failure.
+    unavailable_timeout_seconds: float = Field(default=600.0, ge=0)
     # Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed through as-is to
     # every confluent-kafka client: the embedded source, metadata queries, the commit-back hook.
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)

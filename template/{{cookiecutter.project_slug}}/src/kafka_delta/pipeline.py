@@ -31,6 +31,7 @@ from kafka_delta.engine import Engine, Sink, SinkResult
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
+from kafka_delta.kafka.outage import KafkaOutage, kafka_down
 from kafka_delta.offsets.model import (
     BatchCommit,
     Offsets,
@@ -1118,7 +1119,9 @@ class Pipeline:
                 return True
         return self._gate.stop_when_safe(query)
 
-    def _restart_after(self, exc: Exception, registry_waits: Iterator[float]) -> bool:
+    def _restart_after(
+        self, exc: Exception, registry_waits: Iterator[float], outage: KafkaOutage
+    ) -> bool:
         """Whether the query that failed with ``exc`` starts again in this run. The batch it
         failed in committed nothing (decoding runs before the commit), so Spark plans it again
         from the checkpoint's offset log, and it lands exactly once:
@@ -1126,7 +1129,9 @@ class Pipeline:
         - the producers' schema gained fields (delta.schema_evolution: add_columns): the
           query restarts with a reader schema that holds them; the sink adds the columns;
         - the Schema Registry is unreachable: the query restarts after a wait that grows,
-          until the waits are used up (then the run stops with the registry's sentence).
+          until the waits are used up (then the run stops with the registry's sentence);
+        - Kafka is unavailable (:mod:`kafka_delta.kafka.outage`): the same, until the outage
+          lasted ``kafka.unavailable_timeout_seconds``; then this raises its sentence.
         """
         if self._gate.requested:
             return False
@@ -1151,6 +1156,13 @@ class Pipeline:
                 return False
             log.warning("%s: the batch was not committed; retrying in %.0f s", down, wait)
             return not self._gate.wait(wait)  # a stop requested while waiting ends the run
+        unreachable = kafka_down(exc)
+        if unreachable is not None:
+            wait = outage.next_wait()
+            if wait is None:
+                raise outage.gave_up(unreachable) from exc
+            outage.retrying(unreachable, wait)
+            return not self._gate.wait(wait)
         return False
 
     def _run(self) -> RunSummary:
@@ -1160,16 +1172,27 @@ class Pipeline:
         registry = self.config.decoding.schema_registry
         backoff = registry_backoff(registry.retry_seconds if registry else 0)
         registry_waits, committed = iter(backoff), 0
+        kafka = self.config.kafka
+        outage = KafkaOutage(kafka.bootstrap_servers, kafka.unavailable_timeout_seconds)
         try:
             while True:
+                began = time.monotonic()
                 try:
                     self._run_query(self.start())
                     return self.summary
                 except Exception as exc:
-                    if self.summary.batches > committed:
-                        # Batches went through since the last outage: a new one gets every wait.
+                    # Batches went through since the last outage, or the query ran for longer
+                    # than an outage is waited for (a quiet topic has no batch): a new outage
+                    # gets every wait.
+                    if (
+                        self.summary.batches > committed
+                        or time.monotonic() - began > kafka.unavailable_timeout_seconds
+                    ):
                         registry_waits, committed = iter(backoff), self.summary.batches
-                    if not self._restart_after(exc, registry_waits):
+                        outage = KafkaOutage(
+                            kafka.bootstrap_servers, kafka.unavailable_timeout_seconds
+                        )
+                    if not self._restart_after(exc, registry_waits, outage):
                         raise
         finally:
             if self.committer is not None:

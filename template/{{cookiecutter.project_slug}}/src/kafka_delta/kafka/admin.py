@@ -20,7 +20,9 @@ from kafka_delta.offsets.model import Offsets
 
 
 class KafkaUnavailableError(RuntimeError):
-    """The brokers did not answer a metadata request in time."""
+    """The brokers did not answer in time: a metadata request, or a read task's fetches. A run
+    waits such an outage out (``kafka.unavailable_timeout_seconds``, :mod:`kafka_delta.pipeline`)
+    and finds it by this class's name in the text Spark hands back, so keep the name."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,7 @@ class KafkaAdmin:
                 try:
                     description = future.result()
                 except KafkaException as exc:
-                    error = exc.args[0] if exc.args else None
-                    if getattr(error, "code", lambda: None)() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
                         raise
                     description = None
                 if description is None or not description.partitions:
@@ -186,16 +187,27 @@ class KafkaAdmin:
         names = sorted(set(topics))
         if not names:
             return {}
-        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self._timeout)
         ids: dict[str, str] = {}
         try:
+            futures = self._admin.describe_topics(
+                TopicCollection(names), request_timeout=self._timeout
+            )
             for name, future in futures.items():
                 try:
                     topic_id = future.result().topic_id
-                except KafkaException:
-                    continue  # absent topics are reported by the partition listing
+                except KafkaException as exc:
+                    if _code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        continue  # absent topics are reported by the partition listing
+                    raise
                 if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
                     ids[name] = str(topic_id)
+        except KafkaException as exc:
+            # Never an empty answer for an unreachable broker: a recreated topic would pass
+            # unseen (I12).
+            raise KafkaUnavailableError(
+                f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
+                f"({_reason(exc)})"
+            ) from None
         finally:
             self._serve_logs()
         return ids
@@ -205,11 +217,11 @@ class KafkaAdmin:
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
-        futures = self._admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
-        )
         result: Offsets = {}
         try:
+            futures = self._admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
+            )
             for tp in futures[group].result().topic_partitions:
                 if tp.offset >= 0:
                     result.setdefault(tp.topic, {})[tp.partition] = tp.offset
@@ -221,6 +233,11 @@ class KafkaAdmin:
         finally:
             self._serve_logs()
         return result
+
+
+def _code(exc: KafkaException) -> int | None:
+    error = exc.args[0] if exc.args else None
+    return getattr(error, "code", lambda: None)()
 
 
 def _reason(exc: KafkaException) -> str:

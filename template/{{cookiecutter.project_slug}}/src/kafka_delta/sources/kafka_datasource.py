@@ -54,7 +54,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA
-from kafka_delta.kafka.admin import KafkaAdmin, Watermarks
+from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError, Watermarks
 from kafka_delta.kafka.clients import consumer_settings
 from kafka_delta.offsets.model import (
     Offsets,
@@ -579,14 +579,38 @@ def _records_before_end(
     return kept, position
 
 
+def _stalled(task: OffsetRange, position: int, end_seen: int | None) -> Exception:
+    """Why a read got no record for ``poll_timeout_ms``. The broker said where the partition
+    ends (an end-of-partition event) below the range's end: the plan is wrong. Else the broker
+    did not deliver at all: Kafka is unavailable, which a run waits out
+    (``kafka.unavailable_timeout_seconds``) by running the batch again from its plan."""
+    if end_seen is not None and end_seen < task.end:
+        return TimeoutError(
+            f"{task.topic}[{task.partition}]: no records between offsets {position} and "
+            f"{task.end} within {task.poll_timeout_ms} ms, although the plan said they exist "
+            f"(the broker says the partition ends at {end_seen})"
+        )
+    servers = dict(task.client_config).get("bootstrap.servers", "?")
+    return KafkaUnavailableError(
+        f"Kafka at {servers} delivered no records of {task.topic}[{task.partition}] from "
+        f"offset {position} (the batch reads to {task.end}) within "
+        f"{task.poll_timeout_ms / 1000:g} s"
+    )
+
+
 def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Yield records with offsets in [start, end) of one partition as Arrow batches.
 
     The stop condition never assumes offsets are dense: transaction markers and compaction
     leave gaps, so reading stops at the first record at or past ``end - 1``, or when the
     broker reports the end of the partition at or past ``end``.
+
+    A broker that goes away mid-read (a restart, a pause) is waited for up to
+    ``poll_timeout_ms`` without a record; then :class:`KafkaUnavailableError` fails the task,
+    and the run runs the batch again from its plan once Kafka answers (nothing of it was
+    committed).
     """
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
     if task.end <= task.start:
         return
@@ -595,6 +619,7 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     pending: list[Any] = []
     deadline = time.monotonic() + task.poll_timeout_ms / 1000
     position = task.start
+    end_seen: int | None = None
     try:
         while position < task.end:
             # Ask for no more than the range holds: consume() waits out its whole timeout
@@ -603,12 +628,16 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
             messages = consumer.consume(num_messages=wanted, timeout=0.5)
             if not messages:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{task.topic}[{task.partition}]: no records between offsets "
-                        f"{position} and {task.end} within {task.poll_timeout_ms} ms, "
-                        "although the plan said they exist"
-                    )
+                    raise _stalled(task, position, end_seen)
                 continue
+            # Where the broker last said the partition ends, as of the latest answer.
+            ends = [
+                m.offset()
+                for m in messages
+                if m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF
+            ]
+            if ends or any(m.error() is None for m in messages):
+                end_seen = ends[-1] if ends else None
             deadline = time.monotonic() + task.poll_timeout_ms / 1000
             crash_point("mid_read")
             kept, position = _records_before_end(task, messages, position)

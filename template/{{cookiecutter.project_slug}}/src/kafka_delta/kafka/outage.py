@@ -1,0 +1,94 @@
+"""A Kafka outage as a run rides it out (``kafka.unavailable_timeout_seconds``).
+
+Every Kafka call of a run fails the same way when the brokers stop answering: the driver's
+metadata requests (:mod:`.admin`), the embedded source's planning (in Spark's planner process)
+and its read tasks (``read_range``) raise :class:`~.admin.KafkaUnavailableError`, which reaches
+the driver by itself or inside the text of Spark's ``StreamingQueryException``. Nothing of the
+batch in flight is committed then: the Delta commit comes after its records were read, and
+the commit-back hook only ever copies what a commit holds.
+
+So the retry lives in one place, the run: the query that failed starts again from its
+checkpoint after 1, 2, 4 ... 30 s, and Spark runs the planned batch again, exactly once (the
+Delta commit is idempotent). Not in the read task: Spark retries a task only
+``spark.task.maxFailures`` times (once in local mode), and a task cannot wait for the broker
+longer than the whole query may. The run stops with one sentence naming the brokers once the
+outage lasted ``kafka.unavailable_timeout_seconds``, counted from its first failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kafka_delta.decoding.failures import reported
+from kafka_delta.kafka.admin import KafkaUnavailableError
+
+log = logging.getLogger(__name__)
+
+FIRST_WAIT_S, LONGEST_WAIT_S = 1.0, 30.0
+
+
+def kafka_down(exc: BaseException) -> str | None:
+    """The sentence of a ``KafkaUnavailableError`` that ``exc`` is or reports, else None."""
+    return reported(exc, KafkaUnavailableError.__name__)
+
+
+class KafkaOutage:
+    """One outage: from the first failure the run saw until a batch goes through again.
+
+    >>> clock = iter([0.0, 3.0, 40.0]).__next__
+    >>> outage = KafkaOutage("k:9092", 30, clock)
+    >>> outage.next_wait(), outage.next_wait(), outage.next_wait()
+    (1.0, 2.0, None)
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.started: float | None = None
+        self.attempts = 0
+        self._wait = FIRST_WAIT_S
+
+    def waited(self) -> float:
+        return 0.0 if self.started is None else self._clock() - self.started
+
+    def next_wait(self) -> float | None:
+        """Seconds to wait before the next attempt; None once the outage lasted its time."""
+        now = self._clock()
+        if self.started is None:
+            self.started = now
+        left = self.timeout_s - (now - self.started)
+        if left <= 0:
+            return None
+        wait = min(self._wait, left)
+        self._wait = min(LONGEST_WAIT_S, self._wait * 2)
+        self.attempts += 1
+        return wait
+
+    def retrying(self, reason: str, wait: float) -> None:
+        """The one log line of an attempt."""
+        log.warning(
+            "Kafka is unavailable (%s): nothing is committed meanwhile; attempt %d in %.0f s "
+            "(%.0f s of kafka.unavailable_timeout_seconds %g waited)",
+            reason,
+            self.attempts + 1,
+            wait,
+            self.waited(),
+            self.timeout_s,
+        )
+
+    def gave_up(self, reason: str) -> KafkaUnavailableError:
+        """The run's last sentence."""
+        return KafkaUnavailableError(
+            f"Kafka at {self.bootstrap_servers} did not answer for {self.waited():.0f} s "
+            f"after the first failure, {self.attempts} retries (kafka.unavailable_timeout_seconds "
+            f"is {self.timeout_s:g}; last: {reason}): nothing of the unfinished batch was "
+            "written; start the run again once Kafka is back, and it resumes where the table ends"
+        )
