@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -705,7 +706,7 @@ def test_a_checkpoint_set_aside_twice_in_one_second_keeps_both(tmp_path: Path) -
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "offsets" / "0").write_text("this one")
 
-    target = Path(set_aside(None, CheckpointLog(None, str(checkpoint)), "a test"))
+    target = Path(set_aside(CheckpointLog(None, str(checkpoint)), "a test"))
 
     assert not checkpoint.exists()
     assert target.name.startswith("checkpoint.set-aside-") and target not in taken
@@ -714,3 +715,29 @@ def test_a_checkpoint_set_aside_twice_in_one_second_keeps_both(tmp_path: Path) -
     assert sorted(t.name for t in _set_aside(str(checkpoint))) == sorted(
         [*(t.name for t in taken), target.name]
     )
+
+
+def test_a_checkpoint_in_a_bucket_is_set_aside_without_sparks_jvm(object_store, monkeypatch):
+    """A checkpoint on object storage is renamed through pyarrow's file system of its scheme, as
+    a Spark Connect client (no JVM of its own) must do it; the credentials are the
+    environment's, as on a cluster."""
+    from kafka_delta.recovery.checkpoint import CheckpointLog
+    from kafka_delta.recovery.verdict import set_aside
+    from pyarrow import fs as pafs
+
+    for key, value in object_store.storage_options().items():
+        monkeypatch.setenv(key, value)
+    bucket = object_store.create_bucket(f"ckpt-{uuid.uuid4().hex[:8]}")
+    location = f"{bucket}/orders-checkpoint"
+    filesystem, root = pafs.FileSystem.from_uri(location)
+    for name, text in {"offsets/0": "plan 0", "commits/0": "done 0", "metadata": "{}"}.items():
+        with filesystem.open_output_stream(f"{root}/{name}") as out:
+            out.write(text.encode())
+
+    target = set_aside(CheckpointLog(None, location, lazy_spark=True), "a test")
+
+    assert target.startswith(f"{location}.set-aside-")
+    _, moved = pafs.FileSystem.from_uri(target)
+    assert filesystem.get_file_info(f"{root}/offsets/0").type == pafs.FileType.NotFound
+    with filesystem.open_input_stream(f"{moved}/offsets/0") as stream:
+        assert stream.read() == b"plan 0"

@@ -380,7 +380,7 @@ class Pipeline:
             )
             if self.checkpoint.has_plan():
                 reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
-                self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
+                self.set_aside_as = set_aside(self.checkpoint, reason)
             return forgotten
         # Each table judges the checkpoint by the one rule; one that must stop stops the run,
         # one that sets it aside sets it aside (the new checkpoint starts from the tables).
@@ -406,11 +406,11 @@ class Pipeline:
         if verdict.action == "stop":
             raise CheckpointMismatchError(verdict.reason)
         if verdict.action == "set_aside":
-            self.set_aside_as = set_aside(self.spark, self.checkpoint, verdict.reason)
+            self.set_aside_as = set_aside(self.checkpoint, verdict.reason)
         elif stored is not None and (reason := self._subscription_the_plan_cannot_follow(stored)):
             # Nothing is lost: the table stores where every topic ended (a dropped topic's
             # offsets are kept for a re-add), and a new checkpoint starts from the table.
-            self.set_aside_as = set_aside(self.spark, self.checkpoint, reason)
+            self.set_aside_as = set_aside(self.checkpoint, reason)
         return stored
 
     def _finished(self, commit: BatchCommit, table: str | None) -> bool:

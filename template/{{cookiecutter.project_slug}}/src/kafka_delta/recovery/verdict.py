@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
 
 from kafka_delta.offsets.model import StoredOffsets, app_id
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError, local_path
@@ -165,7 +164,7 @@ def _operator_move_after(stored: StoredOffsets, ours: int | None) -> str | None:
     return None
 
 
-def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str) -> str:
+def set_aside(checkpoint: CheckpointLog, reason: str) -> str:
     """Rename the checkpoint to ``<location>.set-aside-<UTC time>`` (kept, never deleted; a
     ``-2``, ``-3``... suffix when a checkpoint was set aside there in the same second) and
     return the new location; the run then starts a new checkpoint at the table's offsets."""
@@ -174,7 +173,7 @@ def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str
     target = base
     local = local_path(checkpoint.location)
     try:
-        exists = _exists_locally if local is not None else _hadoop_exists(spark)
+        exists = _exists_locally if local is not None else _remote_exists
         for n in range(2, 1000):
             if not exists(target):
                 break
@@ -182,7 +181,7 @@ def set_aside(spark: SparkSession | None, checkpoint: CheckpointLog, reason: str
         if local is not None:
             local.rename(local_path(target))  # type: ignore[arg-type]
         else:
-            _rename_with_hadoop(spark, checkpoint.location, target)
+            _rename_remote(checkpoint.location, target)
     except Exception as exc:
         raise CheckpointMismatchError(
             f"checkpoint {checkpoint.location} must be set aside ({reason}), but renaming it "
@@ -203,25 +202,26 @@ def _exists_locally(location: str) -> bool:
     return path is not None and (path.exists() or path.is_symlink())
 
 
-def _hadoop_exists(spark: SparkSession | None) -> Callable[[str], bool]:
-    """Whether a location exists, on the checkpoint's Hadoop file system."""
-    if spark is None:
-        raise RuntimeError("no Spark session to reach the checkpoint's file system")
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]  (no JVM under Spark Connect)
-    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+def _remote_exists(location: str) -> bool:
+    """Whether a checkpoint URI (``s3://``, ``gs://``, ``abfs://`` ...) exists, through
+    pyarrow's file system of that scheme: the driver's Python reaches it without Spark's JVM,
+    as under Spark Connect it must."""
+    from pyarrow import fs as pafs
 
-    def exists(location: str) -> bool:
-        path = jvm.org.apache.hadoop.fs.Path(location)
-        return bool(path.getFileSystem(conf).exists(path))
-
-    return exists
+    filesystem, path = pafs.FileSystem.from_uri(location)
+    return filesystem.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def _rename_with_hadoop(spark: SparkSession | None, source: str, target: str) -> None:
-    if spark is None:
-        raise RuntimeError("no Spark session to reach the checkpoint's file system")
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]  (no JVM under Spark Connect)
-    path = jvm.org.apache.hadoop.fs.Path(source)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.rename(path, jvm.org.apache.hadoop.fs.Path(target)):
-        raise OSError(f"the file system refused to rename {source}")
+def _rename_remote(source: str, target: str) -> None:
+    """Object stores have no rename of a folder (Hadoop's S3A copies and deletes too): every
+    file is copied, and the source deleted only once all are, so a failure midway leaves the
+    checkpoint where it was (and a partial copy the message names)."""
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(source)
+    _, to = pafs.FileSystem.from_uri(target)
+    files = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    for info in files:
+        if info.type == pafs.FileType.File:
+            filesystem.copy_file(info.path, to + info.path[len(path) :])
+    filesystem.delete_dir(path)
