@@ -12,7 +12,8 @@ against the real broker and real tables:
 - the command line runs on a Connect server named by ``SPARK_REMOTE`` (``spark.remote`` in the
   config does the same), and stops with one sentence where the compute refuses its trigger;
 - the whole contract suite passes through Connect (``SPARK_REMOTE=local[2]``), in a pytest of its
-  own whose process, at the end, holds no classic SparkContext.
+  own whose process, at the end, holds no classic SparkContext; this file's Connect tests run
+  there too (pyspark refuses a Connect session beside the suite's classic one).
 """
 
 from __future__ import annotations
@@ -33,24 +34,21 @@ from support import REPO, assert_exactly_once, assert_offsets_agree, forget_last
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
-    from kafka_delta_dev.connect_server import ConnectServer
-    from kafka_delta_dev.local_spark import session_confs
+# pyspark refuses a Connect session in a process that holds a classic one (the suite's usual
+# `spark`): these tests run where the suite itself runs through Connect, which the last test of
+# this file starts in a process of its own (SPARK_REMOTE=local[2]).
+THROUGH_CONNECT = os.environ.get("SPARK_REMOTE", "").startswith("sc://")
+through_connect = pytest.mark.skipif(
+    not THROUGH_CONNECT,
+    reason="runs in the suite through Spark Connect (SPARK_REMOTE=local[2]), which "
+    "test_the_engine_contract_passes_through_spark_connect starts",
+)
 
-    log = tmp_path_factory.mktemp("connect") / "server.log"
-    server = ConnectServer("local[2]", session_confs(), log_path=log).start()
-    yield server
-    server.stop()
 
-
-@pytest.fixture(scope="module")
-def connect(connect_server):
-    from kafka_delta_dev.local_spark import remote_session
-
-    session = remote_session(connect_server.url)
-    yield session
-    session.stop()
+@pytest.fixture
+def connect(spark):
+    assert is_connect(spark)
+    return spark
 
 
 class Collect:
@@ -69,6 +67,7 @@ class Collect:
         pass
 
 
+@through_connect
 @pytest.mark.parametrize("source", ["embedded", "standin"])
 def test_a_run_on_spark_connect_lands_exactly_once_and_reports_each_batch_to_its_process(
     connect, kafka_bootstrap, new_topics, make_config, source
@@ -95,6 +94,7 @@ def test_a_run_on_spark_connect_lands_exactly_once_and_reports_each_batch_to_its
     assert not list(Path(cfg.checkpoint, "_kafka_delta", "batches").glob("*/*.json"))
 
 
+@through_connect
 def test_a_crash_after_the_delta_commit_replays_as_a_no_op_through_connect(
     connect, kafka_bootstrap, new_topics, make_config
 ) -> None:
@@ -113,12 +113,14 @@ def test_a_crash_after_the_delta_commit_replays_as_a_no_op_through_connect(
     assert_offsets_agree(cfg)
 
 
+@through_connect
 def test_default_parallelism_on_connect_is_the_local_masters_cores(connect) -> None:
     assert default_parallelism(connect) == 2  # local[2], without a SparkContext to ask
 
 
+@through_connect
 def test_the_command_line_runs_on_the_connect_server_spark_remote_names(
-    connect_server, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+    connect, kafka_bootstrap, new_topics, make_config, tmp_path: Path
 ) -> None:
     topics = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, topics, 300)
@@ -131,7 +133,7 @@ def test_the_command_line_runs_on_the_connect_server_spark_remote_names(
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "SPARK_REMOTE": connect_server.url},
+        env=dict(os.environ),  # SPARK_REMOTE: the suite's server
     )
 
     assert result.returncode == 0, result.stderr[-3000:]
@@ -158,9 +160,10 @@ def test_a_processing_time_trigger_the_compute_refuses_stops_with_one_sentence()
 
 
 def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> None:
-    """The contract suite in a pytest of its own with ``SPARK_REMOTE=local[2]``: its spark
-    fixture is a Connect session to a server in another process (the plugin checks, as the
-    session ends, that the process made no classic SparkContext)."""
+    """The contract suite and this file in a pytest of their own with
+    ``SPARK_REMOTE=local[2]``: its spark fixture is a Connect session to a server in another
+    process (the plugin checks, as the session ends, that the process made no classic
+    SparkContext)."""
     result = subprocess.run(
         [
             sys.executable,
@@ -168,12 +171,16 @@ def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> Non
             "pytest",
             "-p",
             "no:xdist",
-            "-q",
             "-p",
             "no:cacheprovider",
+            "-q",
+            "-rs",
             "--basetemp",
             str(tmp_path / "t"),
+            "-k",
+            "not passes_through_spark_connect",
             str(REPO / "tests" / "engine" / "test_engine_contract.py"),
+            __file__,
         ],
         capture_output=True,
         text=True,
@@ -185,3 +192,6 @@ def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> Non
     assert result.returncode == 0, tail
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    # Every skip is for connector jars: nothing of the embedded engine or the stand-in skipped.
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("jars not on the classpath" in line for line in skips), skips

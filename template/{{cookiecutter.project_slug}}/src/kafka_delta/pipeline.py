@@ -954,6 +954,7 @@ class Pipeline:
         stats = self.committer.stats() if self.committer is not None else None
         progress = replace(
             progress,
+            duration_s=progress.duration_s + hook_ms / 1000,  # the batch includes its hook
             commit_back_ok=stats.succeeded if stats else None,
             commit_back_failed=stats.failed if stats else None,
             hook_ms=hook_ms,
@@ -967,7 +968,7 @@ class Pipeline:
             summary.last_delta_version = progress.delta_version
         summary.end_offsets = progress.end_offsets
         summary.commit_back_ms.add(hook_ms)
-        summary.batch_seconds.add(progress.duration_s + hook_ms / 1000)
+        summary.batch_seconds.add(progress.duration_s)
         if self.remote:
             self._gate.leave(progress.batch_id, succeeded=True)
         self._log_progress(progress)
