@@ -31,7 +31,11 @@ SUBCOMMANDS = {
 
 
 def _parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
+    # No abbreviations (in every command's parser): scripts/run_local.sh looks for
+    # --bootstrap-servers by its full name, and adds .broker.json's address when it is not
+    # there, which would silently win over a `--bootstrap-server X` argparse took for it.
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog,
         description="Stream Kafka topics into a Delta table exactly once. Subcommands: "
         + ", ".join(f"{name} (see `{name} --help`)" for name in SUBCOMMANDS),
