@@ -13,10 +13,12 @@ Library code receives a frozen :class:`PipelineConfig`; it never reads files or 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
@@ -659,6 +661,40 @@ class PipelineConfig(_Model):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _locations_apart(self) -> PipelineConfig:
+        """The checkpoint, the tables and the dead-letter tables each have a folder of their
+        own, none inside another: an operator who deletes a checkpoint (the advice for a few
+        states recovery refuses) would delete a table inside it, and a checkpoint inside a
+        table is deleted by whatever cleans the table's folder (and Delta's VACUUM sees files
+        that are not the table's)."""
+        places = [("checkpoint", self.checkpoint)]
+        for view in self.table_configs():
+            of = "" if view.table_name is None else f"tables.{view.table_name}."
+            places.append((f"{of}table" if of else "delta.table", view.delta.table))
+            dead = view.dead_letter_table
+            if dead is not None:
+                owned = of and self.tables[str(view.table_name)].dead_letters is not None
+                places.append((f"{of if owned else ''}dead_letters.table", dead))
+        dead_letters = "dead_letters.table"
+        for i, (name, where) in enumerate(places):
+            for other, there in places[i + 1 :]:
+                same = _location_key(where) == _location_key(there)
+                if same and name.endswith(dead_letters) and other.endswith(dead_letters):
+                    continue  # tables may share a dead-letter table
+                if _inside(where, there):
+                    (inner, at), (outer, folder) = (name, where), (other, there)
+                elif _inside(there, where):
+                    (inner, at), (outer, folder) = (other, there), (name, where)
+                else:
+                    continue
+                raise ValueError(
+                    f"{inner} {at} {'is the same folder as' if same else 'is inside'} {outer} "
+                    f"{folder}: the checkpoint and each table need a folder of their own, side "
+                    "by side, never one inside another (deleting one would delete the other)"
+                )
+        return self
+
     @property
     def table_name(self) -> str | None:
         """The table this config is a view of (:meth:`for_table`); None: the config as
@@ -782,6 +818,24 @@ class PipelineConfig(_Model):
                 node = node[key]
             node[leaf] = value
         return _validate(data, source="overrides")
+
+
+def _location_key(location: str) -> str:
+    """A location as a comparable path: a local path (or ``file:`` URI) normalized, a URI's
+    scheme and bucket kept; no trailing ``/``."""
+    parsed = urlparse(location)
+    windows = len(parsed.scheme) == 1 and location[1:3] in (":\\", ":/")
+    if parsed.scheme in ("", "file") or windows:
+        path = parsed.path if parsed.scheme == "file" else location.replace("\\", "/")
+        return posixpath.normpath(path)
+    return f"{parsed.scheme.lower()}://{parsed.netloc}{posixpath.normpath(parsed.path or '/')}"
+
+
+def _inside(location: str, folder: str) -> bool:
+    """Whether ``location`` is ``folder`` or lies below it (a sibling sharing a prefix,
+    ``/x/table2`` beside ``/x/table``, does not)."""
+    inner, outer = _location_key(location), _location_key(folder)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
 def _client_value(value: object) -> str:
