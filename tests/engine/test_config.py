@@ -191,6 +191,48 @@ def test_environment_references_fill_secrets_and_a_missing_one_names_its_key(
 
 
 @pytest.mark.parametrize(
+    ("mutate", "line"),
+    [
+        (
+            lambda d: d["kafka"].update(max_record_per_trigger=10),
+            "kafka.max_record_per_trigger: unknown key; did you mean max_records_per_trigger?",
+        ),
+        (
+            lambda d: d["dead_letters"].update(tabel="dl"),
+            "dead_letters.tabel: unknown key; did you mean table?",
+        ),
+        (
+            lambda d: d.update(
+                delta={},
+                tables={"orders": {"path": "t", "mode": "upsert", "merge_key": ["id"]}},
+            ),
+            "tables.orders.merge_key: unknown key; did you mean merge_keys?",
+        ),
+        (
+            lambda d: d["kafka"].update(starting_offsets="earliestt"),
+            "kafka.starting_offsets: must be 'earliest' or 'latest' (or a mapping), not "
+            "'earliestt'; did you mean 'earliest'?",
+        ),
+        (
+            lambda d: d["trigger"].update(mode="sometimes"),
+            "trigger.mode: must be 'available_now' or 'processing_time', not 'sometimes'",
+        ),
+    ],
+)
+def test_a_misspelled_key_or_value_is_answered_with_the_right_name_or_the_allowed_values(
+    tmp_path: Path, mutate, line: str
+) -> None:
+    data = _base()
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, data))
+    lines = str(err.value).splitlines()
+    assert f"  {line}" in lines, lines
+    assert len(lines) == 2, lines  # the file, then the one problem: no pydantic union paths
+    assert "literal[" not in str(err.value) and "dict[" not in str(err.value)
+
+
+@pytest.mark.parametrize(
     ("places", "inner", "outer"),
     [
         ({"table": "x/table", "checkpoint": "x/table/_checkpoint"}, "checkpoint", "delta.table"),

@@ -12,12 +12,13 @@ Library code receives a frozen :class:`PipelineConfig`; it never reads files or 
 
 from __future__ import annotations
 
+import difflib
 import os
 import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlparse
 
 import yaml
@@ -845,16 +846,64 @@ def _client_value(value: object) -> str:
 
 
 def _format_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    # A value no member of a union takes (starting_offsets: a name, or a mapping) has an error
+    # per member, each under the member's type ("literal['earliest','latest']"): one key's one
+    # problem, told once.
+    by_key: dict[tuple[int | str, ...], list[Any]] = {}
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling)"
-        elif item["type"] == "missing":
-            message = "is required"
-        lines.append(f"  {key}: {message}")
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
+        by_key.setdefault(loc, []).append(item)
+    lines = [f"invalid configuration in {source}:"]
+    for loc, items in by_key.items():
+        key = ".".join(str(part) for part in loc) or "(top level)"
+        lines.append(f"  {key}: {_problem(loc, items)}")
     return "\n".join(lines)
+
+
+def _problem(loc: tuple[int | str, ...], items: list[Any]) -> str:
+    """One key's problem in plain words: an unknown key with the known one it is closest to,
+    a value outside a choice with the allowed values (and the closest), else pydantic's."""
+    kinds = {item["type"]: item for item in items}
+    if "extra_forbidden" in kinds:
+        near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1)
+        return (
+            f"unknown key; did you mean {near[0]}?" if near else "unknown key (check the spelling)"
+        )
+    if "missing" in kinds:
+        return "is required"
+    if "literal_error" in kinds:
+        item = kinds["literal_error"]
+        expected = str(item.get("ctx", {}).get("expected", ""))
+        given = item.get("input")
+        mapping = " (or a mapping)" if "dict_type" in kinds else ""
+        near = difflib.get_close_matches(str(given), re.findall(r"'([^']*)'", expected), n=1)
+        maybe = f"; did you mean {near[0]!r}?" if near else ""
+        return f"must be {expected}{mapping}, not {given!r}{maybe}"
+    return "; or ".join(str(item["msg"]).removeprefix("Value error, ") for item in items)
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the config takes at ``loc`` (a dotted key's parts): fields of the model there."""
+    model: Any = PipelineConfig
+    parts = list(loc)
+    while parts:
+        name = str(parts.pop(0))
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        found = model.model_fields.get(name) or fields.get(name)
+        if found is None:
+            return []
+        model = None
+        for kind in (found.annotation, *get_args(found.annotation)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                model = kind
+            elif get_origin(kind) is dict and parts:
+                value = get_args(kind)[-1]
+                if isinstance(value, type) and issubclass(value, BaseModel):
+                    parts.pop(0)  # the mapping's key (a table's name)
+                    model = value
+        if model is None:
+            return []
+    return sorted({f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields))
 
 
 def _validate(data: object, source: str) -> PipelineConfig:
