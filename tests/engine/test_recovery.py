@@ -541,6 +541,40 @@ def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config
     assert_offsets_agree(allowed)
 
 
+def test_verify_after_a_topic_was_recreated_fails_with_the_sentence_the_run_stops_with(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 10)
+    cfg = make_config([topic])
+    Pipeline(spark, cfg).run()
+    recreate_topic(kafka_bootstrap, topic, 1)
+    produce_events(kafka_bootstrap, [topic], 30, first_id=10)
+    with pytest.raises(TopicRecreatedError) as stopped:
+        Pipeline(spark, cfg).run()
+
+    path = tmp_path / "verify.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    assert main(["offsets", "verify", "--config", str(path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert f"FAIL  topics: {stopped.value}" in out, out
+    assert out[-1] == f"verify: FAILED: topics: {stopped.value}", out
+    assert f"topic(s) {topic} (id " in str(stopped.value)
+
+    # Told to read the new topic from its start, the run will: verify notes it, and holds.
+    allowed = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    path.write_text(yaml.safe_dump(allowed.model_dump(mode="json")))
+    main(["offsets", "verify", "--config", str(path)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert (
+        f"note  topics: {topic} were deleted and created again since the table stored their "
+        "offsets; the next run reads them from their first record (kafka.fail_on_data_loss: "
+        "false)"
+    ) in out, out
+    assert not [line for line in out if line.startswith("FAIL  topics")], out
+
+
 def _generation(bootstrap: str, topic: str, first_id: int, bad: bytes) -> None:
     """Offsets 0-2 good, 3 bad, 4-6 good (one partition)."""
     produce_events(bootstrap, [topic], 3, first_id=first_id)
