@@ -6,6 +6,7 @@ its offsets through Delta log cleanup. Real broker, real tables, real Spark, rea
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -413,6 +414,39 @@ def _verify(cfg, tmp_path: Path, capsys) -> int:
 def without_positions(df):
     """A transform that keeps no Kafka position in its rows."""
     return default_transform(df).drop("topic", "partition", "offset")
+
+
+def test_a_transform_that_drops_the_positions_is_warned_of_once_at_the_first_batch(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, caplog
+) -> None:
+    # Warned, not refused: exactly once does not rest on the rows' positions, and a table of
+    # aggregates may rightly hold none; but verify cannot audit such rows, and after log
+    # cleanup a lost checkpoint needs a reset (the test below).
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 20)
+    cfg = make_config(
+        [topic], transform=f"{__name__}:without_positions", max_records_per_trigger=10
+    )
+    caplog.set_level(logging.WARNING, logger="kafka_delta")
+
+    summary = Pipeline(spark, cfg).run()
+
+    told = [r.getMessage() for r in caplog.records if "no Kafka position" in r.getMessage()]
+    assert told == [
+        "the transform's rows lack topic, partition, offset: they carry no Kafka position, so "
+        "`offsets verify` cannot audit them, and after Delta log cleanup a lost checkpoint "
+        "resumes only with `offsets reset --to-offsets`; keep them in the transform's output "
+        "unless the table is meant to hold none (aggregates)"
+    ]
+    assert summary.batches == 2 and summary.rows_written == 20  # written all the same
+
+    # The sample transform keeps them: nothing to say.
+    caplog.clear()
+    keeps = make_config([topic]).with_overrides(
+        **{"delta.table": str(tmp_path / "other"), "checkpoint": str(tmp_path / "other_cp")}
+    )
+    Pipeline(spark, keeps).run()
+    assert not [r for r in caplog.records if "no Kafka position" in r.getMessage()]
 
 
 def test_after_log_cleanup_a_table_without_positions_stops_and_a_reset_to_offsets_resumes(
