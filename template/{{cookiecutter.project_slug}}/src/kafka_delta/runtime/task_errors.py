@@ -109,15 +109,25 @@ def origin(error: PythonError, transform: str | None) -> tuple[str, str] | None:
     """(whose code raised ``error``, as "in the transform", and where: the innermost frame of
     it), by the frames' files; None when no frame is the transform's or the engine's (e.g. an
     error in Spark's own Python worker)."""
-    package = transform.split(":", 1)[0].split(".", 1)[0] if transform else None
+    module = transform.split(":", 1)[0] if transform else None
+    # The transform's package (its helpers too); only its own module when that package is the
+    # engine's (a transform the engine ships, such as kafka_delta.contract:passthrough).
+    package = module.split(".", 1)[0] if module else None
+    mine = module if package == "kafka_delta" else package
     for frame in reversed(error.frames):
         path = frame.path.replace("\\", "/")
-        if package is not None and (f"/{package}/" in path or path.endswith(f"/{package}.py")):
+        if mine is not None and _in_module(path, mine):
             return "in the transform", _where(frame, package)
         for folder, whose in _ENGINE_PARTS:
             if f"/{folder}" in path:
                 return whose, _where(frame, "kafka_delta")
     return None
+
+
+def _in_module(path: str, module: str) -> bool:
+    """Whether the file ``path`` is module (or package) ``module`` or lies inside it."""
+    name = "/" + module.replace(".", "/")
+    return f"{name}/" in path or path.endswith(f"{name}.py")
 
 
 def _where(frame: Frame, package: str | None = None) -> str:
