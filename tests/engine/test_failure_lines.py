@@ -111,6 +111,9 @@ def test_an_error_in_a_task_is_named_by_its_python_type_message_and_the_engine_p
         "(kafka_delta/decoding/framing.py line "
     ), text
     assert text.endswith(", in _varint)"), text
+    # A transform the engine ships is told by its own module: the decoder's frame is not its.
+    shipped = describe(failed.value, transform="kafka_delta.contract:passthrough")
+    assert shipped is not None and ", raised in the decoder (" in shipped, shipped
     # Spark's own text says nothing after its colon.
     assert str(failed.value).splitlines()[0].rstrip().endswith("Python worker:")
 
