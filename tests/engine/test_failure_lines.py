@@ -125,6 +125,33 @@ def test_an_error_in_a_task_is_named_by_its_python_type_message_and_the_engine_p
     assert "test_failure_lines.py line " in text and text.endswith(", in _chained)"), text
 
 
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_read_task_that_finds_no_records_where_the_plan_said_is_named_as_kafkas(
+    spark, kafka_bootstrap, new_topics
+) -> None:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    (topic,) = new_topics(1, partitions=1)  # empty: offsets 0-4 were never written
+
+    def read(value):
+        from kafka_delta.sources.kafka_datasource import OffsetRange, read_range
+
+        conf = (("bootstrap.servers", kafka_bootstrap),)
+        return sum(b.num_rows for b in read_range(OffsetRange(topic, 0, 0, 5, conf, 1000)))
+
+    with pytest.raises(Exception) as failed:
+        spark.range(1).select(F.udf(read, LongType())("id")).collect()
+    text = describe(failed.value, transform="orders_stream.transform:transform")
+    assert text is not None and text.startswith(
+        f"TimeoutError: {topic}[0]: no records between offsets 0 and 5 within 1000 ms, although "
+        "the plan said they exist, raised reading Kafka (kafka_delta/sources/kafka_datasource.py "
+        "line "
+    ), text
+    assert text.endswith(", in read_range)"), text
+
+
 def test_an_error_raised_on_the_driver_is_named_with_its_own_frames() -> None:
     from kafka_delta.commands.reset import parse_offsets_spec
 

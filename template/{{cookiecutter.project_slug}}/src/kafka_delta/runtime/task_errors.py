@@ -33,8 +33,8 @@ _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<message>.*))?$")
 # each tells the user.
 _ENGINE_PARTS = (
     ("kafka_delta/decoding/", "in the decoder"),
-    ("kafka_delta/sources/", "reading Kafka (the read task)"),
-    ("kafka_delta/kafka/", "by the Kafka client"),
+    ("kafka_delta/sources/", "reading Kafka"),  # the read task
+    ("kafka_delta/kafka/", "talking to Kafka"),  # metadata, commit-back
     ("kafka_delta/sinks/", "in the sink"),
 )
 
