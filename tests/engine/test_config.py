@@ -192,3 +192,119 @@ def test_environment_references_fill_secrets_and_a_missing_one_names_its_key(
 
     with pytest.raises(ConfigError, match=r"kafka\.client\.sasl\.password.*KAFKA_PASSWORD"):
         load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("mutate", "line"),
+    [
+        (
+            lambda d: d["kafka"].update(max_record_per_trigger=10),
+            "kafka.max_record_per_trigger: unknown key; did you mean max_records_per_trigger?",
+        ),
+        (
+            lambda d: d["dead_letters"].update(tabel="dl"),
+            "dead_letters.tabel: unknown key; did you mean table?",
+        ),
+        (
+            lambda d: d.update(
+                delta={},
+                tables={"orders": {"path": "t", "mode": "upsert", "merge_key": ["id"]}},
+            ),
+            "tables.orders.merge_key: unknown key; did you mean merge_keys?",
+        ),
+        (
+            lambda d: d["kafka"].update(starting_offsets="earliestt"),
+            "kafka.starting_offsets: must be 'earliest' or 'latest' (or a mapping), not "
+            "'earliestt'; did you mean 'earliest'?",
+        ),
+        (
+            lambda d: d["trigger"].update(mode="sometimes"),
+            "trigger.mode: must be 'available_now' or 'processing_time', not 'sometimes'",
+        ),
+    ],
+)
+def test_a_misspelled_key_or_value_is_answered_with_the_right_name_or_the_allowed_values(
+    tmp_path: Path, mutate, line: str
+) -> None:
+    data = _base()
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, data))
+    lines = str(err.value).splitlines()
+    assert f"  {line}" in lines, lines
+    assert len(lines) == 2, lines  # the file, then the one problem: no pydantic union paths
+    assert "literal[" not in str(err.value) and "dict[" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("places", "inner", "outer"),
+    [
+        ({"table": "x/table", "checkpoint": "x/table/_checkpoint"}, "checkpoint", "delta.table"),
+        ({"table": "x/table/", "checkpoint": "x/table"}, "checkpoint", "delta.table"),
+        (
+            {"table": "x/checkpoint/table", "checkpoint": "x/checkpoint"},
+            "delta.table",
+            "checkpoint",
+        ),
+        (
+            {"table": "x/table", "dead": "x/checkpoint/dl", "checkpoint": "x/checkpoint"},
+            "dead_letters.table",
+            "checkpoint",
+        ),
+        (
+            {"table": "x/table", "dead": "x/table/dead_letters", "checkpoint": "x/checkpoint"},
+            "dead_letters.table",
+            "delta.table",
+        ),
+        (
+            {"tables": ["x/a", "x/b"], "checkpoint": "x/b/checkpoint"},
+            "checkpoint",
+            "tables.b.table",
+        ),
+        (
+            {"tables": ["x/a", "x/a/b"], "checkpoint": "x/checkpoint"},
+            "tables.b.table",
+            "tables.a.table",
+        ),
+    ],
+)
+def test_a_table_inside_the_checkpoint_or_a_checkpoint_inside_a_table_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], places: dict, inner: str, outer: str
+) -> None:
+    data = _base()
+    data["checkpoint"] = str(tmp_path / places["checkpoint"])
+    if "tables" in places:
+        data["delta"] = {}
+        a, b = places["tables"]
+        data["tables"] = {"a": {"path": str(tmp_path / a)}, "b": {"path": str(tmp_path / b)}}
+    else:
+        data["delta"]["table"] = str(tmp_path / places["table"])
+    if "dead" in places:
+        data["dead_letters"]["table"] = str(tmp_path / places["dead"])
+
+    code = main(["--config", str(_write(tmp_path, data))])
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[0] == f"error: invalid configuration in {tmp_path / 'conf' / 'test.yaml'}:"
+    (problem,) = err[1:]
+    assert f" {inner} {tmp_path}/" in problem and f" {outer} {tmp_path}/" in problem, problem
+    assert problem.index(f" {inner} ") < problem.index(" is ") < problem.index(f" {outer} ")
+    assert "never one inside another" in problem
+    assert not (tmp_path / "x").exists()
+
+
+def test_locations_that_only_share_a_prefix_are_apart(tmp_path: Path) -> None:
+    data = _base()
+    data["delta"]["table"] = str(tmp_path / "x" / "table")
+    data["checkpoint"] = str(tmp_path / "x" / "table2")
+    data["dead_letters"]["table"] = str(tmp_path / "x" / "table_dead")
+    cfg = load_config(_write(tmp_path, data))
+    assert cfg.checkpoint == str(tmp_path / "x" / "table2")
+    # Tables of tables: may share one dead-letter table.
+    data["delta"] = {}
+    data["tables"] = {
+        "a": {"path": str(tmp_path / "x" / "a")},
+        "ab": {"path": str(tmp_path / "x" / "ab")},
+    }
+    assert load_config(_write(tmp_path, data)).table_names == ("a", "ab")

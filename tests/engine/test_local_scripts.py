@@ -5,7 +5,9 @@ when the folder lacks that source's jars."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -131,3 +133,34 @@ def test_run_local_refuses_a_jar_folder_that_is_missing_or_empty(tmp_path: Path)
             timeout=60,
         )
         assert run.returncode == 2 and says in run.stderr, run.stderr
+
+
+def test_run_local_refuses_an_abbreviated_option_instead_of_overriding_it(tmp_path: Path) -> None:
+    # The script adds the address of the broker scripts/broker.sh started (.broker.json) unless
+    # --bootstrap-servers is given: argparse taking `--bootstrap-server` for it let that address
+    # silently win. A project of its own (its scripts, links to the rest) holds the state file.
+    from kafka_delta_dev.broker import EmbeddedBroker
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("scripts", "conf"):
+        shutil.copytree(PROJECT / name, project / name)
+    for name in ("src", "schemas"):
+        (project / name).symlink_to(PROJECT / name)
+    with EmbeddedBroker() as broker:
+        assert broker.process is not None
+        state = {"pid": broker.process.pid, "bootstrap_servers": broker.bootstrap_servers}
+        (project / ".broker.json").write_text(json.dumps(state), encoding="utf-8")
+        run = subprocess.run(
+            [str(project / "scripts" / "run_local.sh"), "--bootstrap-server", "127.0.0.1:1"],
+            cwd=project,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    # spark-submit passes the Python driver's stderr on to its stdout
+    said = run.stdout + run.stderr
+    assert run.returncode == 2, said[-2000:]
+    assert "error: unrecognized arguments: --bootstrap-server 127.0.0.1:1" in said, said

@@ -516,6 +516,8 @@ def test_run_lease_heartbeats_and_leaves_nothing_behind(
         (["--to-offsets", "{topic}:7=1"], "partition 7 of topic {topic} is out of range"),
         (["--to-offsets", "{topic}:0=41"], "offset 41 of {topic}:0 is outside what Kafka holds"),
         (["--to-offsets", "{topic}0=41"], "is not TOPIC:PARTITION=OFFSET"),
+        (["--to-offsets", "{topic}:0=-5"], "'{topic}:0=-5' has a negative offset"),
+        (["--to-offsets", "{topic}:-1=5"], "'{topic}:-1=5' has a negative partition"),
         (["--to-datetime", "2999-01-01T00:00:00Z"], "is in the future"),
         (["--to-datetime", "yesterday"], "neither an ISO 8601 time"),
         (["--shift-by", "1"], "{topic}:0 shifted by +1 to 41 is outside what Kafka holds"),
@@ -777,6 +779,7 @@ def test_show_csv_round_trips_through_reset_from_file(written, tmp_path, capsys)
     for text, message in [
         (f"{topic},0,15\n{topic},x,1\n", f"line 2: '{topic},x,1' is not TOPIC,PARTITION,OFFSET"),
         (f"{topic},0,15\n{topic},0,16\n", f"names {topic}:0 twice"),
+        (f"{topic},0,-5\n", f"line 1: '{topic},0,-5' has a negative offset"),
         (f"{topic},0,41\n", f"offset 41 of {topic}:0 is outside what Kafka holds, [0, 40]"),
         ("\n", "holds no TOPIC,PARTITION,OFFSET rows"),
     ]:

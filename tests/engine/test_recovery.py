@@ -6,6 +6,7 @@ its offsets through Delta log cleanup. Real broker, real tables, real Spark, rea
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -416,6 +417,39 @@ def without_positions(df):
     return default_transform(df).drop("topic", "partition", "offset")
 
 
+def test_a_transform_that_drops_the_positions_is_warned_of_once_at_the_first_batch(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, caplog
+) -> None:
+    # Warned, not refused: exactly once does not rest on the rows' positions, and a table of
+    # aggregates may rightly hold none; but verify cannot audit such rows, and after log
+    # cleanup a lost checkpoint needs a reset (the test below).
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 20)
+    cfg = make_config(
+        [topic], transform=f"{__name__}:without_positions", max_records_per_trigger=10
+    )
+    caplog.set_level(logging.WARNING, logger="kafka_delta")
+
+    summary = Pipeline(spark, cfg).run()
+
+    told = [r.getMessage() for r in caplog.records if "no Kafka position" in r.getMessage()]
+    assert told == [
+        "the transform's rows lack topic, partition, offset: they carry no Kafka position, so "
+        "`offsets verify` cannot audit them, and after Delta log cleanup a lost checkpoint "
+        "resumes only with `offsets reset --to-offsets`; keep them in the transform's output "
+        "unless the table is meant to hold none (aggregates)"
+    ]
+    assert summary.batches == 2 and summary.rows_written == 20  # written all the same
+
+    # The sample transform keeps them: nothing to say.
+    caplog.clear()
+    keeps = make_config([topic]).with_overrides(
+        **{"delta.table": str(tmp_path / "other"), "checkpoint": str(tmp_path / "other_cp")}
+    )
+    Pipeline(spark, keeps).run()
+    assert not [r for r in caplog.records if "no Kafka position" in r.getMessage()]
+
+
 def test_after_log_cleanup_a_table_without_positions_stops_and_a_reset_to_offsets_resumes(
     spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
 ) -> None:
@@ -540,6 +574,40 @@ def test_a_recreated_topic_stops_the_run_or_is_read_from_its_start_as_the_config
     Pipeline(spark, allowed).run()
     assert_exactly_once(allowed, 40)
     assert_offsets_agree(allowed)
+
+
+def test_verify_after_a_topic_was_recreated_fails_with_the_sentence_the_run_stops_with(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 10)
+    cfg = make_config([topic])
+    Pipeline(spark, cfg).run()
+    recreate_topic(kafka_bootstrap, topic, 1)
+    produce_events(kafka_bootstrap, [topic], 30, first_id=10)
+    with pytest.raises(TopicRecreatedError) as stopped:
+        Pipeline(spark, cfg).run()
+
+    path = tmp_path / "verify.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    assert main(["offsets", "verify", "--config", str(path)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert f"FAIL  topics: {stopped.value}" in out, out
+    assert out[-1] == f"verify: FAILED: topics: {stopped.value}", out
+    assert f"topic(s) {topic} (id " in str(stopped.value)
+
+    # Told to read the new topic from its start, the run will: verify notes it, and holds.
+    allowed = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    path.write_text(yaml.safe_dump(allowed.model_dump(mode="json")))
+    main(["offsets", "verify", "--config", str(path)])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert (
+        f"note  topics: {topic} were deleted and created again since the table stored their "
+        "offsets; the next run reads them from their first record (kafka.fail_on_data_loss: "
+        "false)"
+    ) in out, out
+    assert not [line for line in out if line.startswith("FAIL  topics")], out
 
 
 def _generation(bootstrap: str, topic: str, first_id: int, bad: bytes) -> None:

@@ -31,7 +31,11 @@ SUBCOMMANDS = {
 
 
 def _parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
+    # No abbreviations (in every command's parser): scripts/run_local.sh looks for
+    # --bootstrap-servers by its full name, and adds .broker.json's address when it is not
+    # there, which would silently win over a `--bootstrap-server X` argparse took for it.
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog,
         description="Stream Kafka topics into a Delta table exactly once. Subcommands: "
         + ", ".join(f"{name} (see `{name} --help`)" for name in SUBCOMMANDS),
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> int:
             try:
                 summary = pipeline.run()
             except Exception as exc:
-                return _failed(config.pipeline_id, exc)
+                return _failed(config.pipeline_id, exc, config.transform)
     finally:
         close_listeners(listeners)
     stats = summary.commit_back
@@ -185,10 +189,14 @@ def _not_expected(record: logging.LogRecord) -> bool:
     return exc is None or type(exc).__name__ not in _EXPECTED
 
 
-def _failed(pipeline_id: str, exc: BaseException) -> int:
+def _failed(pipeline_id: str, exc: BaseException, transform: str | None = None) -> int:
     """Report a run that ended with ``exc``: one sentence and its exit code for an expected
     outcome (also when it comes back from Spark inside a StreamingQueryException, whose text
-    holds the Python traceback of the batch function), else the root message and 1."""
+    holds the Python traceback of the batch function), else 1 and one line naming the Python
+    exception behind it and whose code raised it (``transform``: the config's, which a frame
+    of the user's code is told by; :mod:`.runtime.task_errors`), or Spark's own first line."""
+    from kafka_delta.runtime.task_errors import describe
+
     for name, code in _EXPECTED.items():
         sentence = _raised(exc, name)
         if sentence is not None:
@@ -197,7 +205,7 @@ def _failed(pipeline_id: str, exc: BaseException) -> int:
     log.error(
         "pipeline %s failed: %s (--log-level DEBUG shows the whole failure)",
         pipeline_id,
-        _root_message(exc),
+        describe(exc, transform) or _root_message(exc),
     )
     log.debug("the failure in full", exc_info=exc)
     return EXIT_FAILED

@@ -12,11 +12,14 @@ Library code receives a frozen :class:`PipelineConfig`; it never reads files or 
 
 from __future__ import annotations
 
+import difflib
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import (
@@ -668,6 +671,40 @@ class PipelineConfig(_Model):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _locations_apart(self) -> PipelineConfig:
+        """The checkpoint, the tables and the dead-letter tables each have a folder of their
+        own, none inside another: an operator who deletes a checkpoint (the advice for a few
+        states recovery refuses) would delete a table inside it, and a checkpoint inside a
+        table is deleted by whatever cleans the table's folder (and Delta's VACUUM sees files
+        that are not the table's)."""
+        places = [("checkpoint", self.checkpoint)]
+        for view in self.table_configs():
+            of = "" if view.table_name is None else f"tables.{view.table_name}."
+            places.append((f"{of}table" if of else "delta.table", view.delta.table))
+            dead = view.dead_letter_table
+            if dead is not None:
+                owned = of and self.tables[str(view.table_name)].dead_letters is not None
+                places.append((f"{of if owned else ''}dead_letters.table", dead))
+        dead_letters = "dead_letters.table"
+        for i, (name, where) in enumerate(places):
+            for other, there in places[i + 1 :]:
+                same = _location_key(where) == _location_key(there)
+                if same and name.endswith(dead_letters) and other.endswith(dead_letters):
+                    continue  # tables may share a dead-letter table
+                if _inside(where, there):
+                    (inner, at), (outer, folder) = (name, where), (other, there)
+                elif _inside(there, where):
+                    (inner, at), (outer, folder) = (other, there), (name, where)
+                else:
+                    continue
+                raise ValueError(
+                    f"{inner} {at} {'is the same folder as' if same else 'is inside'} {outer} "
+                    f"{folder}: the checkpoint and each table need a folder of their own, side "
+                    "by side, never one inside another (deleting one would delete the other)"
+                )
+        return self
+
     @property
     def table_name(self) -> str | None:
         """The table this config is a view of (:meth:`for_table`); None: the config as
@@ -793,6 +830,24 @@ class PipelineConfig(_Model):
         return _validate(data, source="overrides")
 
 
+def _location_key(location: str) -> str:
+    """A location as a comparable path: a local path (or ``file:`` URI) normalized, a URI's
+    scheme and bucket kept; no trailing ``/``."""
+    parsed = urlparse(location)
+    windows = len(parsed.scheme) == 1 and location[1:3] in (":\\", ":/")
+    if parsed.scheme in ("", "file") or windows:
+        path = parsed.path if parsed.scheme == "file" else location.replace("\\", "/")
+        return posixpath.normpath(path)
+    return f"{parsed.scheme.lower()}://{parsed.netloc}{posixpath.normpath(parsed.path or '/')}"
+
+
+def _inside(location: str, folder: str) -> bool:
+    """Whether ``location`` is ``folder`` or lies below it (a sibling sharing a prefix,
+    ``/x/table2`` beside ``/x/table``, does not)."""
+    inner, outer = _location_key(location), _location_key(folder)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
 def _client_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -800,16 +855,64 @@ def _client_value(value: object) -> str:
 
 
 def _format_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+    # A value no member of a union takes (starting_offsets: a name, or a mapping) has an error
+    # per member, each under the member's type ("literal['earliest','latest']"): one key's one
+    # problem, told once.
+    by_key: dict[tuple[int | str, ...], list[Any]] = {}
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling)"
-        elif item["type"] == "missing":
-            message = "is required"
-        lines.append(f"  {key}: {message}")
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
+        by_key.setdefault(loc, []).append(item)
+    lines = [f"invalid configuration in {source}:"]
+    for loc, items in by_key.items():
+        key = ".".join(str(part) for part in loc) or "(top level)"
+        lines.append(f"  {key}: {_problem(loc, items)}")
     return "\n".join(lines)
+
+
+def _problem(loc: tuple[int | str, ...], items: list[Any]) -> str:
+    """One key's problem in plain words: an unknown key with the known one it is closest to,
+    a value outside a choice with the allowed values (and the closest), else pydantic's."""
+    kinds = {item["type"]: item for item in items}
+    if "extra_forbidden" in kinds:
+        near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1)
+        return (
+            f"unknown key; did you mean {near[0]}?" if near else "unknown key (check the spelling)"
+        )
+    if "missing" in kinds:
+        return "is required"
+    if "literal_error" in kinds:
+        item = kinds["literal_error"]
+        expected = str(item.get("ctx", {}).get("expected", ""))
+        given = item.get("input")
+        mapping = " (or a mapping)" if "dict_type" in kinds else ""
+        near = difflib.get_close_matches(str(given), re.findall(r"'([^']*)'", expected), n=1)
+        maybe = f"; did you mean {near[0]!r}?" if near else ""
+        return f"must be {expected}{mapping}, not {given!r}{maybe}"
+    return "; or ".join(str(item["msg"]).removeprefix("Value error, ") for item in items)
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the config takes at ``loc`` (a dotted key's parts): fields of the model there."""
+    model: Any = PipelineConfig
+    parts = list(loc)
+    while parts:
+        name = str(parts.pop(0))
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        found = model.model_fields.get(name) or fields.get(name)
+        if found is None:
+            return []
+        model = None
+        for kind in (found.annotation, *get_args(found.annotation)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                model = kind
+            elif get_origin(kind) is dict and parts:
+                value = get_args(kind)[-1]
+                if isinstance(value, type) and issubclass(value, BaseModel):
+                    parts.pop(0)  # the mapping's key (a table's name)
+                    model = value
+        if model is None:
+            return []
+    return sorted({f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields))
 
 
 def _validate(data: object, source: str) -> PipelineConfig:

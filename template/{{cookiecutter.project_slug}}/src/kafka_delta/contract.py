@@ -85,6 +85,11 @@ KAFKA_SCHEMA = (
 
 KAFKA_COLUMNS = tuple(KAFKA_ARROW_SCHEMA.names)
 
+POSITION_COLUMNS = ("topic", "partition", "offset")
+"""A record's Kafka position. Kept in the transform's rows (the engine warns at a run's first
+batch when they are not), they let ``offsets verify`` audit the table and a lost checkpoint
+resume after Delta log cleanup without an ``offsets reset``."""
+
 # What a decoded batch carries besides the value's columns (the decoder's output, in order).
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestampType", "headers")
 

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from kafka_delta.config import PipelineConfig
-from kafka_delta.contract import Transform, load_transform, passthrough
+from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import registry_down, schema_changed
 from kafka_delta.engine import Engine, Sink, SinkResult
 from kafka_delta.engine_factory import build_engine, build_source
@@ -272,6 +272,8 @@ class Pipeline:
         # Writer schemas (registry ids) seen in records whose fields the decoder's reader
         # schema lacked: the next query's reader schema includes them (schema evolution).
         self._writer_schema_ids: set[int] = set()
+        # The tables whose transform output was checked for Kafka positions (once per run).
+        self._positions_checked: set[str] = set()
 
     # -- Spark Connect: the batch function in the server's Python process -------------------
 
@@ -868,6 +870,7 @@ class Pipeline:
                     if self.config.tables  # routes and a transform's mapping (tables:)
                     else self.transform(records)
                 )
+                self._check_positions(run, out)
                 mode = run.config.delta
                 if mode.mode == "upsert":
                     out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
@@ -1065,6 +1068,29 @@ class Pipeline:
             p.hook_ms,
             _per_table(p),
         )
+
+    def _check_positions(self, run: TableRun, out: DataFrame) -> None:
+        """At a run's first batch, warn when the transform's rows for ``run`` lack ``topic``,
+        ``partition`` or ``offset``. Exactly once does not rest on them (the offsets ride in the
+        commit), and a table of aggregates or of one row per key may rightly drop them, so this
+        warns rather than refuses; but without them ``offsets verify`` cannot audit the rows,
+        and once Delta log cleanup removed the commits that name the stored offsets, a lost
+        checkpoint resumes only after ``offsets reset --to-offsets`` (offsets.stored)."""
+        if run.label in self._positions_checked:
+            return
+        self._positions_checked.add(run.label)
+        missing = [c for c in POSITION_COLUMNS if c not in out.columns]  # the schema: no job
+        if missing:
+            of = f" for table {run.name}" if run.name else ""
+            log.warning(
+                "the transform's rows%s lack %s: they carry no Kafka position, so `offsets "
+                "verify` cannot audit them, and after Delta log cleanup a lost checkpoint "
+                "resumes only with `offsets reset --to-offsets`; keep %s in the transform's "
+                "output unless the table is meant to hold none (aggregates)",
+                of,
+                ", ".join(missing),
+                "them" if len(missing) > 1 else "it",
+            )
 
     # -- running ----------------------------------------------------------------------------
 

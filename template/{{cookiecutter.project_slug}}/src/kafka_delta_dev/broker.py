@@ -138,7 +138,9 @@ class EmbeddedBroker(ChildServer):
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Start or stop the embedded Tansu broker.")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="Start or stop the embedded Tansu broker."
+    )
     parser.add_argument("action", choices=["start", "stop", "address", "registry-url"])
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
     parser.add_argument(

@@ -319,7 +319,7 @@ def produce_events(
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Produce sample order events.")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="Produce sample order events.")
     parser.add_argument("--bootstrap-servers")
     parser.add_argument("--topics", help="comma-separated topic names")
     parser.add_argument("--records", type=int, default=10_000)

@@ -1514,7 +1514,9 @@ def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Start or stop the development Schema Registry.")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description="Start or stop the development Schema Registry."
+    )
     parser.add_argument("action", choices=["start", "stop", "url", "serve"])
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
     parser.add_argument("--state", type=Path, default=Path(".registry.json"))

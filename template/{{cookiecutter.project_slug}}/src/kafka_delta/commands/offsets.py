@@ -50,13 +50,14 @@ log = logging.getLogger(__name__)
 
 def parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog,
         description="Show, reset or verify the offsets the pipeline stores in its Delta table.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_, description=help_)
+        sub = commands.add_parser(name, allow_abbrev=False, help=help_, description=help_)
         add_config_options(sub)
         sub.add_argument("--log-level", default="WARNING", help="default WARNING")
         return sub

@@ -23,6 +23,7 @@ MAX_LABELLED_BATCHES = 40
 
 def _parse_args(argv: list[str], prog: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog,
         description="Draw records/s and lag per micro-batch from the progress file as a PNG.",
     )

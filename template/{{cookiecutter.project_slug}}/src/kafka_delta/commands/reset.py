@@ -209,6 +209,12 @@ def parse_offsets_spec(text: str) -> Offsets:
     for item in (part.strip() for part in text.split(",")):
         where, eq, offset = item.partition("=")
         topic, colon, partition = where.rpartition(":")
+        negative = _negative(partition=partition, offset=offset.strip())
+        if eq and colon and topic and negative:
+            raise CommandError(
+                f"--to-offsets: {item!r} has a negative {negative}: partitions and offsets are "
+                "0 or more (e.g. orders:0=15)"
+            )
         if not (eq and colon and topic and partition.isdigit() and offset.strip().isdigit()):
             raise CommandError(
                 f"--to-offsets: {item!r} is not TOPIC:PARTITION=OFFSET (e.g. orders:0=15)"
@@ -217,6 +223,15 @@ def parse_offsets_spec(text: str) -> Offsets:
             raise CommandError(f"--to-offsets names {topic}:{partition} twice")
         result.setdefault(topic, {})[int(partition)] = int(offset)
     return result
+
+
+def _negative(**numbers: str) -> str | None:
+    """The name of the first of ``numbers`` written as a negative integer, else None: an offset
+    of -5 is said to be negative, not to be malformed."""
+    for name, text in numbers.items():
+        if text.startswith("-") and text[1:].isdigit():
+            return name
+    return None
 
 
 def read_offsets_file(path: str) -> Offsets:
@@ -233,6 +248,12 @@ def read_offsets_file(path: str) -> Offsets:
         header = number == 1 and [c.lower() for c in cells][1:] == ["partition", "offset"]
         if header or not any(cells):
             continue
+        negative = len(cells) == 3 and _negative(partition=cells[1], offset=cells[2])
+        if cells[0] and negative:
+            raise CommandError(
+                f"--from-file {path}, line {number}: {','.join(row)!r} has a negative "
+                f"{negative}: partitions and offsets are 0 or more (e.g. orders,0,15)"
+            )
         if len(cells) != 3 or not (cells[0] and cells[1].isdigit() and cells[2].isdigit()):
             raise CommandError(
                 f"--from-file {path}, line {number}: {','.join(row)!r} is not "

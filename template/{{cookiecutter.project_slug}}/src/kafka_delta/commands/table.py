@@ -458,6 +458,7 @@ def _engine(config: PipelineConfig, plan: Plan) -> Maintainer:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog,
         description="Look after the pipeline's Delta tables.",
     )
@@ -466,7 +467,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
         "compact small files, vacuum files no version needs past the retention, and write a "
         "Delta checkpoint, on the table and its dead-letter table; safe while the pipeline runs"
     )
-    maintain_ = commands.add_parser("maintain", help=help_, description=help_)
+    maintain_ = commands.add_parser("maintain", allow_abbrev=False, help=help_, description=help_)
     add_config_options(maintain_)
     maintain_.add_argument(
         "--only", metavar="STEPS", help=f"only these steps, comma-separated: {','.join(STEPS)}"

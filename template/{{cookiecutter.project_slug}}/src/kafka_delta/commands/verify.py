@@ -8,6 +8,9 @@ them.
 
 Checks, in order:
 
+0. **topics** (first, the check a run stops on): no topic holding stored offsets was deleted and
+   created again since (another topic id; ``kafka.fail_on_data_loss: false`` notes it instead,
+   as the next run reads it from its first record). Its failure is the run's own sentence.
 1. **ranges**: per partition, each batch in effect starts where the previous commit in effect
    ended (a gap: records lost, e.g. a RESTORE undid a batch and the pipeline resumed after it;
    an overlap: records written twice); a batch id of one checkpoint is committed once; the
@@ -75,6 +78,7 @@ from kafka_delta.offsets.model import (
     parse_user_metadata,
     same_topic_id,
 )
+from kafka_delta.offsets.topic_identity import recreated_error, recreated_topics
 
 TP = tuple[str, int]
 POSITION = ("topic", "partition", "offset")
@@ -871,6 +875,25 @@ def run_verify(
     notes: list[str] = effect.notes()
     skips: list[str] = []
 
+    # First: a topic recreated since the table stored its offsets is what a run stops on (with
+    # kafka.fail_on_data_loss: true), and its stored offsets are no position in the new topic.
+    recreated = recreated_topics(stored, admin.topic_ids(stored.offsets))
+    if recreated and config.kafka.fail_on_data_loss:
+        checks.append(("topics", [str(recreated_error(recreated))], ""))
+    else:
+        if recreated:
+            notes.append(
+                f"topics: {', '.join(sorted(recreated))} were deleted and created again since "
+                "the table stored their offsets; the next run reads them from their first "
+                "record (kafka.fail_on_data_loss: false)"
+            )
+        same = (
+            "the stored topics are the ones Kafka holds (same topic ids)"
+            if stored.topic_ids
+            else "no topic ids stored (older commits, or a broker without them): not compared"
+        )
+        checks.append(("topics", [], same))
+
     ranges = walk(commits, {c.record.seq for c in effect.undone if c.record.seq})
     notes += ranges.notes
     spans = sum(len(v) for v in ranges.spans.values())
@@ -973,7 +996,7 @@ def run_verify(
                     "next batch or run aligns them)"
                 )
             earliest = marks.earliest[t][p]
-            if offset < earliest:
+            if offset < earliest and t not in recreated:  # the old topic's: see `topics`
                 retention.append(
                     f"{t}:{p}: the table stores offset {offset} but Kafka's earliest is "
                     f"{earliest}: {earliest - offset} offsets expired before the pipeline "

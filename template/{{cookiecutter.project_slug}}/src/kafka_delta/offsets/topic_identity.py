@@ -54,6 +54,20 @@ def recreated_topics(
     }
 
 
+def recreated_error(recreated: Mapping[str, tuple[str, str]]) -> TopicRecreatedError:
+    """What a run with ``kafka.fail_on_data_loss: true`` stops with, and ``offsets verify``
+    fails with, when the ``recreated`` topics (:func:`recreated_topics`) hold stored offsets."""
+    names = ", ".join(f"{t} (id {old} then {new})" for t, (old, new) in sorted(recreated.items()))
+    return TopicRecreatedError(
+        f"topic(s) {names} were deleted and created again since the table stored their "
+        "offsets: the stored offsets belong to the old topic, and the old topic's records "
+        "after them are gone. Nothing was read or written. To read the new topic from its "
+        "first record, set kafka.fail_on_data_loss: false (or reset its offsets with "
+        "`offsets reset --topic <topic> --to-earliest --allow-rewind --execute`) and start "
+        "again."
+    )
+
+
 def forget_recreated(
     stored: StoredOffsets,
     recreated: Mapping[str, tuple[str, str]],
@@ -64,16 +78,8 @@ def forget_recreated(
     first record), or :class:`TopicRecreatedError` when ``fail_on_data_loss`` forbids that."""
     if not recreated:
         return stored
-    names = ", ".join(f"{t} (id {old} then {new})" for t, (old, new) in sorted(recreated.items()))
     if fail_on_data_loss:
-        raise TopicRecreatedError(
-            f"topic(s) {names} were deleted and created again since the table stored their "
-            "offsets: the stored offsets belong to the old topic, and the old topic's records "
-            "after them are gone. Nothing was read or written. To read the new topic from its "
-            "first record, set kafka.fail_on_data_loss: false (or reset its offsets with "
-            "`offsets reset --topic <topic> --to-earliest --allow-rewind --execute`) and start "
-            "again."
-        )
+        raise recreated_error(recreated)
     offsets = {
         t: dict(earliest.get(t, {})) if t in recreated else parts
         for t, parts in stored.offsets.items()

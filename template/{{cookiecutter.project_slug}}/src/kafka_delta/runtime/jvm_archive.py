@@ -214,10 +214,14 @@ def option_string(options: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__package__}.jvm_archive", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False,
+        prog=f"python -m {__package__}.jvm_archive",
+        description=__doc__.split("\n\n")[0],
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    options = commands.add_parser("options", help="print the JVM options of a local driver")
+    options = commands.add_parser(
+        "options", allow_abbrev=False, help="print the JVM options of a local driver"
+    )
     options.add_argument(
         "--pid",
         type=int,
