@@ -153,3 +153,53 @@ def test_a_bare_word_is_refused_for_every_table_key(tmp_path: Path) -> None:
         mutate(data)
         with pytest.raises(ConfigError, match="neither a path nor a table name"):
             load_config(_write(tmp_path, data))
+
+
+_CATALOG_RUN = """
+import sys
+from pyspark.sql import SparkSession
+from kafka_delta.runtime.connectors import catalog_session_confs
+
+builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for key, value in catalog_session_confs(sys.argv[1]).items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+if sys.argv[2] == "write":
+    spark.sql("CREATE SCHEMA IF NOT EXISTS kd_sales")
+    spark.sql("CREATE TABLE kd_sales.orders (id INT) USING parquet")
+    spark.sql("INSERT INTO kd_sales.orders VALUES (1), (2)")
+else:
+    print(sorted(r.id for r in spark.table("kd_sales.orders").collect()))
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+def test_the_local_session_catalog_keeps_tables_by_name_across_runs(tmp_path: Path) -> None:
+    """The metastore the local delta-spark sessions use (runtime.connectors.catalog_session_confs:
+    Hive over Derby, both shipped in pyspark): a table made by name in one process is there, by
+    name, in the next; everything stays in the given folder. Shown here with a Parquet table
+    (Delta's catalog over it needs the jars); scripts/run_local.sh passes the same confs."""
+    import subprocess
+    import sys
+
+    from kafka_delta_dev.pytest_plugin import NEEDS_JAVA, NO_JAVA
+
+    if NO_JAVA:
+        pytest.skip(NEEDS_JAVA)
+    data = tmp_path / "data"
+    script = tmp_path / "catalog_run.py"
+    script.write_text(_CATALOG_RUN)
+    for step in ("write", "read"):
+        done = subprocess.run(
+            [sys.executable, str(script), str(data), step],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[1, 2]"
+    assert (data / "metastore_db").is_dir() and (data / "warehouse" / "kd_sales.db").is_dir()
+    for script_name in ("run_local.sh", "run_cluster_local.sh"):
+        assert "session-confs" in (PROJECT / "scripts" / script_name).read_text()
