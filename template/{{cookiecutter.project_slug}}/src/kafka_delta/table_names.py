@@ -69,7 +69,7 @@ def _quote(part: str) -> str:
 
 def with_suffix(location: str, suffix: str) -> str:
     """A sibling table named by ``suffix`` (the default dead-letter table): a path gets it on
-    its last folder, a name on its table part (``main.s.orders`` -> ``main.s.orders_dead_letters``)."""
+    its last folder, a name on its table part (``main.s.o`` -> ``main.s.o_dead_letters``)."""
     if not is_table_name(location):
         return f"{location.rstrip('/')}{suffix}"
     *head, last = name_parts(location)
