@@ -149,3 +149,29 @@ def test_a_refused_create_table_is_a_missing_grant_in_one_sentence(
     assert status == 2, err
     assert "lacks a grant" in err and "Traceback" not in err
     assert list(locked.iterdir()) == []
+
+
+def test_a_table_created_by_name_takes_nulls_as_one_created_by_a_first_append_does() -> None:
+    from kafka_delta.sinks.delta_spark.table import as_nullable
+    from pyspark.sql.types import (
+        ArrayType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    strict = StructType(
+        [
+            StructField("offset", LongType(), False),
+            StructField("tags", ArrayType(StringType(), False), False),
+            StructField("attrs", MapType(StringType(), LongType(), False), False),
+            StructField("inner", StructType([StructField("id", LongType(), False)]), False),
+        ]
+    )
+    loose = as_nullable(strict)
+    assert loose.simpleString() == strict.simpleString()
+    assert all(f.nullable for f in loose.fields)
+    assert loose["tags"].dataType.containsNull and loose["attrs"].dataType.valueContainsNull
+    assert loose["inner"].dataType["id"].nullable

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from kafka_delta.table_names import is_table_name, name_parts, quoted
 
@@ -45,6 +45,21 @@ HISTORY_COLUMNS = (
 # Properties of the tables the sink creates by name (a table created by its first append, by
 # path, gets Delta's defaults; a table that exists keeps its own).
 NEW_TABLE_PROPERTIES: Mapping[str, str] = {}
+
+
+def as_nullable(data_type: DataType) -> DataType:
+    """``data_type`` with every field, element and value nullable: the schema delta-spark gives
+    a table its first append creates (``ImplicitMetadataOperation``: ``schema.asNullable``), so a
+    table created by name takes the rows a table created by path would."""
+    if isinstance(data_type, StructType):
+        return StructType(
+            [StructField(f.name, as_nullable(f.dataType), True, f.metadata) for f in data_type]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(as_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType), True)
+    return data_type
 
 
 class TableAccessError(RuntimeError):
@@ -192,15 +207,16 @@ class SparkTable:
     def create_if_missing(
         self, schema: StructType, properties: Mapping[str, str] = NEW_TABLE_PROPERTIES
     ) -> None:
-        """By name: create the table (``schema``, ``properties``) when it does not exist yet,
-        as its first write needs; by path nothing (the first append creates it)."""
+        """By name: create the table (``schema``, made nullable as a first append makes it;
+        ``properties``) when it does not exist yet, as its first write needs; by path nothing
+        (the first append creates it)."""
         if self.name is None:
             return
         from delta.tables import DeltaTable
 
         try:
             builder = DeltaTable.createIfNotExists(self.spark).tableName(self.name)
-            builder = builder.addColumns(schema)
+            builder = builder.addColumns(as_nullable(schema))
             for key, value in properties.items():
                 builder = builder.property(key, value)
             builder.execute()
