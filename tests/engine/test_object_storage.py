@@ -197,8 +197,8 @@ def test_delta_spark_commit_copies_and_leases_live_beside_a_checkpoint_in_a_buck
     """The delta-spark sink's side files (commit copies, run leases) beside a checkpoint in a
     bucket, reached through pyarrow's own S3 file system with delta.storage_options' keys
     (never delta-rs: the cluster path imports none of it), and nothing in the table."""
-    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies, table_key
-    from kafka_delta.sinks.side_folder import open_side
+    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+    from kafka_delta.sinks.side_folder import open_side, table_key
     from pyarrow import fs as pafs
 
     bucket = object_store.create_bucket(f"lake-{uuid.uuid4().hex[:8]}")
@@ -235,7 +235,7 @@ def test_delta_spark_commit_copies_and_leases_live_beside_a_checkpoint_in_a_buck
     with RunLease.hold(cfg) as lease:
         assert lease is not None
         (held,) = leases_of(cfg)
-        assert held.path == f"{checkpoint}.kafka_delta/p/runs/{held.run_id}.json"
+        assert held.path == f"{checkpoint}.kafka_delta/p/runs/{key}/{held.run_id}.json"
     assert leases_of(cfg) == []
 
 

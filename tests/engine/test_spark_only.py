@@ -251,13 +251,14 @@ def test_a_delta_spark_runs_lease_lives_beside_its_checkpoint_never_in_the_table
     tmp_path: Path,
 ) -> None:
     from kafka_delta.recovery.lease import RunLease, active_leases_of, leases_of
+    from kafka_delta.sinks.side_folder import table_key
 
     cfg = _spark_config(tmp_path)
     with RunLease.hold(cfg) as lease:
         assert lease is not None
         (held,) = active_leases_of(cfg)
         side = tmp_path / "checkpoints" / "orders.kafka_delta" / "orders" / "runs"
-        assert held.path == str(side / f"{held.run_id}.json")
+        assert held.path == str(side / table_key(cfg.delta.table) / f"{held.run_id}.json")
         assert held.checkpoint == cfg.checkpoint
         assert not (tmp_path / "checkpoints" / "orders").exists()  # the checkpoint untouched
         assert not any(p.name in ("main.sales.orders", "orders") for p in Path.cwd().iterdir())
@@ -266,10 +267,48 @@ def test_a_delta_spark_runs_lease_lives_beside_its_checkpoint_never_in_the_table
     assert not (tmp_path / "checkpoints" / "orders.kafka_delta").exists()
 
 
+def test_one_run_leases_each_of_its_tables_on_one_checkpoint_and_a_second_run_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The tables of a pipeline share its checkpoint: a run holds a lease per table (as the
+    pipeline does, one per tables: entry) without refusing itself, and a second run on the
+    same checkpoint is refused on the first table it tries."""
+    from kafka_delta.config import PipelineConfig
+    from kafka_delta.recovery.lease import CheckpointInUseError, RunLease, leases_of
+
+    shared = PipelineConfig.model_validate(
+        {
+            "pipeline_id": "shop",
+            "kafka": {
+                "bootstrap_servers": "127.0.0.1:1",
+                "topics": ["o", "p"],
+                "consumer_group": "g",
+            },
+            "tables": {
+                "orders": {"path": "main.shop.orders", "topics": ["o"]},
+                "payments": {"path": "main.shop.payments", "topics": ["p"]},
+            },
+            "checkpoint": str(tmp_path / "cp"),
+            "engine": {"source": "embedded", "sink": "delta_spark"},
+        }
+    )
+    orders, payments = shared.for_table("orders"), shared.for_table("payments")
+    with RunLease.hold(orders), RunLease.hold(payments):
+        assert [len(leases_of(v)) for v in (orders, payments)] == [1, 1]
+        second = RunLease(orders).acquire()
+        try:
+            with pytest.raises(CheckpointInUseError, match="is in use by another run"):
+                second.first_on_checkpoint()
+        finally:
+            second.release()
+    assert leases_of(orders) == leases_of(payments) == []
+
+
 def test_commit_copies_are_kept_beside_the_checkpoint_per_table_and_the_newest_is_read(
     tmp_path: Path,
 ) -> None:
-    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies, table_key
+    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+    from kafka_delta.sinks.side_folder import table_key
 
     checkpoint = str(tmp_path / "cp")
     copies = CommitCopies("main.sales.orders", checkpoint, "p")

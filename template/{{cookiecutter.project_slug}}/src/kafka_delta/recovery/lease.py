@@ -12,9 +12,10 @@ Where the side folder is depends on the sink, and so does what a lease can tell:
 - delta-rs sink: ``<table>/_kafka_delta/`` (Delta ignores folders starting with ``_`` inside a
   table: readers, VACUUM). Every run of the pipeline leaves its lease there, whatever its
   checkpoint: ``offsets reset`` sees them all.
-- delta-spark sink: ``<checkpoint>.kafka_delta/``, beside the checkpoint, never in the table's
-  folder (a Unity Catalog table has none the driver may write; I14). ``offsets reset`` sees the
-  runs on its config's checkpoint; a run on another checkpoint is one it cannot see, and the
+- delta-spark sink: ``<checkpoint>.kafka_delta/`` (``runs/<table digest>/``: the tables of one
+  pipeline share a checkpoint), beside the checkpoint, never in the table's folder (a Unity
+  Catalog table has none the driver may write; I14). ``offsets reset`` sees the runs on its
+  config's checkpoint; a run on another checkpoint is one it cannot see, and the
   Delta fence (below) is what keeps the reset and that run's commits apart, as it already was
   for a run on a host whose clock is off.
 
@@ -253,9 +254,12 @@ def lease_folder(config: PipelineConfig) -> LeaseFolder:
         raise LeaseUnavailableError(f"cannot keep a run lease at {location}: {exc}") from None
     local = local_path(location)
     stop = None if local is None else (local.parent if not local.exists() else local)
+    # One folder per table: the tables of a pipeline (tables:) share its checkpoint, and a run
+    # holds a lease on each, as it does in each table's folder on the delta-rs sink.
+    table = side_folder.table_key(config.delta.table)
     return LeaseFolder(
         filesystem,
-        f"{root}/{config.pipeline_id}/runs",
+        f"{root}/{config.pipeline_id}/runs/{table}",
         lambda path: side_folder.display(location, root, path),
         stop,
     )

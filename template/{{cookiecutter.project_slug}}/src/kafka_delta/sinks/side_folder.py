@@ -24,6 +24,7 @@ credentials of ``delta.storage_options`` (delta-rs's key names); any other schem
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import pyarrow.fs as pafs
@@ -33,6 +34,12 @@ from kafka_delta.recovery.checkpoint import local_path
 
 # What follows the checkpoint's own name for the folder beside it (delta-spark sink).
 CHECKPOINT_SIDE_SUFFIX = ".kafka_delta"
+
+
+def table_key(table: str) -> str:
+    """The folder name of one table's side files beside a checkpoint (the tables of a pipeline
+    share its checkpoint): a digest of the table's location as configured, name or path."""
+    return hashlib.sha256(table.rstrip("/").encode()).hexdigest()[:16]
 
 
 def side_location(sink: str, table: str, checkpoint: str) -> str:

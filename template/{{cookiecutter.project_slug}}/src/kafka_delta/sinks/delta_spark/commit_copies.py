@@ -35,7 +35,6 @@ through delta-rs nor Spark's JVM (neither exists on the cluster path under Spark
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -44,17 +43,13 @@ import pyarrow.fs as pafs
 
 from kafka_delta.offsets.model import StoredOffsets, parse_user_metadata
 from kafka_delta.sinks import side_folder
+from kafka_delta.sinks.side_folder import table_key
 
 log = logging.getLogger(__name__)
 
 # Copies older than this many commits of the pipeline are deleted; only the newest is ever
 # read, the others serve whoever inspects them.
 KEEP = 100
-
-
-def table_key(table: str) -> str:
-    """The folder name of one table's copies: a digest of its location as configured."""
-    return hashlib.sha256(table.rstrip("/").encode()).hexdigest()[:16]
 
 
 def parse_copy(text: str, pipeline_id: str, table: str | None = None) -> StoredOffsets | None:
