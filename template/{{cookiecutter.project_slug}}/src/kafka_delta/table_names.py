@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 _PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`)"
-_NAME_RE = re.compile(rf"^{_PART}(?:\.{_PART}){{1,2}}$")
+# Two or three parts; the braces apart so that no Jinja marker appears in the template.
+_NAME_RE = re.compile(rf"^{_PART}(?:\.{_PART})" + "{1,2}$")
 _PART_RE = re.compile(_PART)
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
