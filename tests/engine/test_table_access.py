@@ -8,6 +8,8 @@ and Unity Catalog raise where it cannot; end to end where the delta-spark jars a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -130,48 +132,61 @@ def test_a_run_on_a_name_whose_schema_does_not_exist_stops_with_one_sentence(
     assert not spark.catalog.tableExists("kd_missing_schema.orders")
 
 
+@contextmanager
+def _refusing_schema(spark, tmp_path: Path, schema: str) -> Iterator[Path]:
+    """A schema whose folder the storage refuses new tables in, as it refuses a principal
+    without the grant: made read-only (chmod), or immutable for root (chattr +i: root writes
+    any folder a chmod guards), or, where neither holds, a file in its place. Put back after."""
+    import subprocess
+
+    folder = tmp_path / f"{schema}_location"
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {schema} LOCATION '{folder}'")
+    folder.mkdir(exist_ok=True)
+    undo = None
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = lambda: folder.chmod(0o755)  # noqa: E731
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        undo = lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)  # noqa: E731
+    else:
+        folder.rmdir()
+        folder.write_text("not a folder")
+    try:
+        yield folder
+    finally:
+        if undo is not None:
+            undo()
+        spark.sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _nothing_in(folder: Path) -> bool:
+    return folder.is_file() or not any(folder.iterdir())
+
+
+def test_a_refused_create_table_is_one_sentence_from_sparks_own_error(
+    spark, tmp_path: Path
+) -> None:
+    with _refusing_schema(spark, tmp_path, "kd_refusing") as folder:
+        with pytest.raises(Exception) as caught:
+            spark.sql("CREATE TABLE kd_refusing.orders USING parquet AS SELECT 1 AS id")
+        assert _nothing_in(folder)
+    problem = access_problem(caught.value, "kd_refusing.orders", "create")
+    assert problem is not None, str(caught.value)[:2000]
+    sentence = str(problem)
+    assert "Spark was refused to create the table" in sentence and "lacks a grant" in sentence
+    assert "\n" not in sentence and sentence.endswith("Nothing was written.")
+
+
 def test_a_refused_create_table_is_a_missing_grant_in_one_sentence(
     spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Simulated: a schema whose folder the principal cannot write, so Spark's CREATE TABLE is
-    refused by the file system (on Databricks, Unity Catalog refuses it without the grant)."""
-    if os.geteuid() == 0:
-        pytest.skip("root writes any folder: a refused CREATE TABLE cannot be simulated")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS kd_locked LOCATION '{locked}'")
-    locked.chmod(0o555)
-    try:
+    """End to end: the run's CREATE TABLE (delta-spark's createIfNotExists) is refused by the
+    storage (on Databricks, Unity Catalog refuses it without the grant)."""
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
+    with _refusing_schema(spark, tmp_path, "kd_locked") as folder:
         status, err = _run(spark, tmp_path, "kd_locked.orders", capsys)
-    finally:
-        locked.chmod(0o755)
-        spark.sql("DROP SCHEMA IF EXISTS kd_locked CASCADE")
+        assert _nothing_in(folder)
     assert status == 2, err
     assert "lacks a grant" in err and "Traceback" not in err
-    assert list(locked.iterdir()) == []
-
-
-def test_a_table_created_by_name_takes_nulls_as_one_created_by_a_first_append_does() -> None:
-    from kafka_delta.sinks.delta_spark.table import as_nullable
-    from pyspark.sql.types import (
-        ArrayType,
-        LongType,
-        MapType,
-        StringType,
-        StructField,
-        StructType,
-    )
-
-    strict = StructType(
-        [
-            StructField("offset", LongType(), False),
-            StructField("tags", ArrayType(StringType(), False), False),
-            StructField("attrs", MapType(StringType(), LongType(), False), False),
-            StructField("inner", StructType([StructField("id", LongType(), False)]), False),
-        ]
-    )
-    loose = as_nullable(strict)
-    assert loose.simpleString() == strict.simpleString()
-    assert all(f.nullable for f in loose.fields)
-    assert loose["tags"].dataType.containsNull and loose["attrs"].dataType.valueContainsNull
-    assert loose["inner"].dataType["id"].nullable

@@ -101,6 +101,12 @@ _PROBLEMS: Sequence[tuple[tuple[str, ...], str]] = (
             "Insufficient privileges",
             "AccessControlException",
             "Permission denied",
+            # The storage refusing the table's folder: Hadoop's file system says so alike for
+            # a permission it lacks and a location it may not write (read-only, immutable, a
+            # file where the folder goes); delta-spark when it cannot create the log.
+            "Mkdirs failed to create",
+            "ParentNotDirectoryException",
+            "DELTA_CANNOT_CREATE_LOG_PATH",
         ),
         "grant",
     ),
@@ -136,10 +142,10 @@ def access_problem(exc: BaseException, location: str, action: str) -> TableAcces
         )
     else:
         sentence = (
-            f"delta.table {location}: Spark was refused to {action} the table, the principal "
-            f"running the pipeline lacks a grant on it (on Unity Catalog: USE CATALOG, USE "
-            f"SCHEMA, and CREATE TABLE to create it or MODIFY and SELECT to write it) "
-            f"(Spark: {first})."
+            f"delta.table {location}: Spark was refused to {action} the table: the principal "
+            f"running the pipeline lacks a grant on it or may not write its location (on Unity "
+            f"Catalog: USE CATALOG, USE SCHEMA, and CREATE TABLE to create it or MODIFY and "
+            f"SELECT to write it) (Spark: {first})."
         )
     return TableAccessError(f"{sentence} Nothing was written.")
 
