@@ -328,6 +328,8 @@ INVALID_ANSWERS = [
     ({"kafka_bootstrap_servers": "a:9092,,b:9092"}, "item '' is not valid"),
     ({"kafka_bootstrap_servers": "my host:9092"}, "item 'my host:9092' is not valid"),
     ({"table": " "}, "table must not be empty"),
+    ({"table": "orders"}, "table 'orders' is neither a path nor a table name: write a folder"),
+    ({"table": "main.sales.orders", "engine": "embedded"}, "only the cluster engine writes"),
     ({"checkpoint": ""}, "checkpoint must not be empty"),
     ({"table": "data/x", "checkpoint": "data/x"}, "table and checkpoint must be different"),
     ({"table": "data/x", "checkpoint": "./data//x/"}, "table and checkpoint must be different"),

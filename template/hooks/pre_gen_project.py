@@ -200,6 +200,40 @@ CHECKS: dict[str, Check] = {
 }
 
 
+# The engine's rule (kafka_delta/table_names.py): a value with a "/", a scheme, or a leading "."
+# or "~" is a path; two or three dot-separated identifiers (plain or backticked) a table name;
+# anything else (a bare word) is refused.
+_NAME_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`)"
+# Two or three parts (written so that Jinja, which renders this hook, sees no marker).
+_TABLE_NAME_RE = re.compile(rf"^{_NAME_PART}(?:\.{_NAME_PART})" + "{1,2}$")
+
+
+def _is_path(value: str) -> bool:
+    return (
+        "/" in value
+        or "\\" in value
+        or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", value))
+        or (value[:1] in ".~")
+    )
+
+
+def _check_table(table: str, engine: object) -> str | None:
+    value = table.strip()
+    if not value or _is_path(value):
+        return None
+    if not _TABLE_NAME_RE.match(value):
+        return (
+            f"table {table!r} is neither a path nor a table name: write a folder as a path "
+            f"(./{value}) or a table as schema.table or catalog.schema.table (default.{value})."
+        )
+    if engine == "embedded":
+        return (
+            f"table {table!r} is a table name, which only the cluster engine writes (Spark's "
+            "catalog, Unity Catalog on Databricks): give a path, or choose engine cluster."
+        )
+    return None
+
+
 def _normalise_path(path: str) -> PurePosixPath:
     # Only for comparing the two answers: './a/' and 'a' are one folder, and so are
     # 's3://b/t' and 's3://b/t/'. Relative paths are both resolved against the project root.
@@ -233,6 +267,8 @@ def validate(answers: Mapping[str, object]) -> list[str]:
         elif name in CHECKS and (error := CHECKS[name](value)):
             errors.append(error)
     table, checkpoint = answers.get("table"), answers.get("checkpoint")
+    if isinstance(table, str) and (error := _check_table(table, answers.get("engine"))):
+        errors.append(error)
     if isinstance(table, str) and isinstance(checkpoint, str):
         if error := _check_storage_paths(table, checkpoint):
             errors.append(error)

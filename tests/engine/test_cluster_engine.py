@@ -25,6 +25,7 @@ from kafka_delta.sinks.delta_spark.sink import (
     append_options,
     delta_txn_confs,
 )
+from kafka_delta.sinks.delta_spark.table import SparkTable
 from kafka_delta.sources.spark_kafka import SparkKafkaSource, spark_kafka_options
 from support import PROJECT, spark_jobs
 
@@ -226,12 +227,43 @@ def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
     rows = [(100 - i, other if i % 2 else None) for i in range(30)] + [(70, ours)]
     table = _History(spark, rows)
 
-    stored = newest_stored_paged(DeltaSparkLog(table, "unused", None).history, "orders")
+    stored = newest_stored_paged(_log(spark, table).history, "orders")
 
     assert stored == StoredOffsets({"orders": {0: 9}}, 70, "orders.q", 3)
     assert table.limits == [20, 500]
-    few = DeltaSparkLog(_History(spark, rows[:5]), "unused", None)
+    few = _log(spark, _History(spark, rows[:5]))
     assert newest_stored_paged(few.history, "orders") is None
+
+
+def _log(spark, history: _History) -> DeltaSparkLog:
+    """The delta-spark log reader over a stand-in of the table's DeltaTable."""
+    return DeltaSparkLog(SparkTable(spark, "main.s.t"), "orders", None, handle=history)
+
+
+def test_the_fence_seq_without_a_txn_reader_never_falls_below_the_stored_fence(spark) -> None:
+    """Spark reads no txn action: where the history cannot show the fence (a RESTORE undid the
+    pipeline's newest commits; log cleanup removed them), the delta-spark reader answers with a
+    seq no lower than any the table can store (kafka_delta.sinks.delta_spark.offset_store)."""
+    from kafka_delta.offsets.model import fence_app_id
+
+    def commit(seq: int) -> str:
+        return BatchCommit("orders", "orders.q", seq, {"orders": {0: seq}}, seq=seq).user_metadata()
+
+    # The whole log is there (it starts at version 0): the highest seq the pipeline wrote.
+    whole = _log(spark, _History(spark, [(4, commit(3)), (3, None), (2, commit(7)), (0, None)]))
+    assert whole.transaction_version(fence_app_id("orders")) == 7
+    # No commit of the pipeline in the whole log: it never committed, there is no fence.
+    assert (
+        _log(spark, _History(spark, [(1, None), (0, None)])).transaction_version(
+            fence_app_id("orders")
+        )
+        is None
+    )
+    # Log cleanup shortened it (it starts at 40): the bound, newest version + 1.
+    cleaned = _log(spark, _History(spark, [(52, None), (41, commit(3)), (40, None)]))
+    assert cleaned.transaction_version(fence_app_id("orders")) == 53
+    # The delta-rs sink's offset and topic-id txns: no hint on this side.
+    assert cleaned.transaction_version("orders:offset:orders:0") is None
 
 
 def test_checkpoint_is_read_through_spark_when_it_is_not_a_local_path(
@@ -333,7 +365,8 @@ def _delta_spark_sink(spark, tmp_path: Path):
     from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
 
     uri = str(tmp_path / "table")
-    return uri, lambda: DeltaSparkSink(spark, uri, "p")
+    checkpoint = str(tmp_path / "checkpoint")
+    return uri, lambda: DeltaSparkSink(spark, uri, "p", checkpoint=checkpoint)
 
 
 def _ids(spark, *ids: int):
@@ -341,9 +374,10 @@ def _ids(spark, *ids: int):
 
 
 def test_a_delta_spark_append_runs_no_spark_job_but_its_write(spark, tmp_path: Path) -> None:
-    # The check and the read-back read the log with delta-rs, and the rows come from the
-    # commit's own metrics: beside the write itself (the same jobs as the plain append Databricks
-    # documents for foreachBatch, on a table of the same length), a batch costs no Spark job.
+    # The check and the read-back read the log through Spark's history (no job: delta-spark
+    # reads the commit files on the driver), and the rows come from the commit's own metrics:
+    # beside the write itself (the same jobs as the plain append Databricks documents for
+    # foreachBatch, on a table of the same length), a batch costs no Spark job.
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     plain = str(tmp_path / "plain")
     sink = new_sink()
@@ -456,34 +490,28 @@ def test_the_delta_spark_sink_widens_a_promoted_column_before_the_batch(
     assert spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").count() - 1 == version
 
 
-def test_a_table_delta_rs_cannot_open_is_read_through_spark_with_the_same_guarantees(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_the_delta_spark_sink_keeps_fence_replay_and_read_back_with_deltalake_unimportable(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A table with a reader feature delta-rs lacks (or on a file system it cannot reach): the
-    # sink says so once and reads the log through Spark; fence, replay and read-back hold.
+    # I14: the sink reads and writes through Spark alone; with kafka_delta refused any import
+    # of deltalake, the check, the commit, the replay and the fence all hold.
     from kafka_delta.offsets.fencing import FencingError
-    from kafka_delta.sinks.delta_spark import offset_store
+    from test_spark_only import refuse_delta_rs_in_the_engine
 
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    refuse_delta_rs_in_the_engine(monkeypatch)
     sink = new_sink()
     sink.commit_batch(_ids(spark, 1), BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
-
-    def refuse(table_uri, storage_options):
-        raise OSError("unsupported reader features: ['somethingNew']")
-
-    monkeypatch.setattr(offset_store, "open_table", refuse)
     sink, rival = new_sink(), new_sink()
     second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
-    with caplog.at_level("WARNING", logger=offset_store.__name__):
-        assert not sink.check(second, {"o": {0: 1}})
-        assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).rows == 2
-        assert sink.check(second, {"o": {0: 1}})  # a replay, read through Spark
-    (warning,) = [r.getMessage() for r in caplog.records]
-    assert "delta-rs cannot read the log of" in warning and "somethingNew" in warning
-    assert sink.reader.spark_only is not None
+    assert not sink.check(second, {"o": {0: 1}})
+    assert sink.commit_batch(_ids(spark, 2, 3), second, {"o": {0: 1}}).rows == 2
+    assert sink.check(second, {"o": {0: 1}})  # a replay
     with pytest.raises(FencingError, match="another run of the pipeline moved the table on"):
         rival.commit_batch(_ids(spark, 9), BatchCommit("p", "p.r", 0, {"o": {0: 2}}), {"o": {0: 1}})
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+    assert not (Path(uri) / "_kafka_delta").exists()  # nothing of the engine's in the table
+    assert list((tmp_path / "checkpoint.kafka_delta" / "p" / "commits").rglob("*.json"))
 
 
 def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_nothing(

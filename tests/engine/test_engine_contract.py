@@ -21,6 +21,7 @@ from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.produce import produce_events, produce_values
 from support import assert_exactly_once, assert_offsets_agree, forget_last_spark_commit
+from test_spark_only import refuse_delta_rs_in_the_engine
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -37,17 +38,26 @@ ENGINES = [
 ]
 
 
+def _spark_only(engine: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """I14, dynamically: on a delta-spark sink the engine may not import deltalake (the test's
+    own read-backs still do, with delta-rs, as an independent check)."""
+    if engine["sink"] == "delta_spark":
+        refuse_delta_rs_in_the_engine(monkeypatch)
+
+
 @pytest.fixture(params=SINKS)
-def sink_engine(request, spark) -> dict[str, str]:
+def sink_engine(request, spark, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     engine = {"source": "embedded", "sink": request.param}
     skip_without_connectors(spark, engine)
+    _spark_only(engine, monkeypatch)
     return engine
 
 
 @pytest.fixture(params=ENGINES)
-def engine(request, spark) -> dict[str, str]:
+def engine(request, spark, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     chosen = engine_config(request.param)
     skip_without_connectors(spark, chosen)
+    _spark_only(chosen, monkeypatch)
     return chosen
 
 

@@ -335,11 +335,11 @@ def test_tables_config_is_validated_and_read_from_a_file(tmp_path: Path) -> None
     assert orders.dead_letter_table == str(tmp_path / "data" / "orders_dead_letters")
 
     bad = [
-        ({"payments": {"path": "x", "topics": ["payments"]}}, "which no table reads"),
-        ({"a": {"path": "x", "topics": ["nope"]}, "b": {"path": "y"}}, "does not list"),
-        ({"a": {"path": "x"}, "b": {"path": "x"}}, "location of its own"),
-        ({"a": {"path": "x", "mode": "upsert"}}, "merge_keys"),
-        ({"a b": {"path": "x"}}, "not a table name"),
+        ({"payments": {"path": "data/x", "topics": ["payments"]}}, "which no table reads"),
+        ({"a": {"path": "data/x", "topics": ["nope"]}, "b": {"path": "data/y"}}, "does not list"),
+        ({"a": {"path": "data/x"}, "b": {"path": "data/x"}}, "location of its own"),
+        ({"a": {"path": "data/x", "mode": "upsert"}}, "merge_keys"),
+        ({"a b": {"path": "data/x"}}, "not a table name"),
     ]
     for tables, message in bad:
         (conf / "bad.yaml").write_text(yaml.safe_dump({**data, "tables": tables}))
@@ -360,7 +360,7 @@ def test_the_run_command_refuses_table(tmp_path: Path, capsys) -> None:
                     "topics": ["o"],
                     "consumer_group": "g",
                 },
-                "tables": {"a": {"path": "a"}, "b": {"path": "b"}},
+                "tables": {"a": {"path": "data/a"}, "b": {"path": "data/b"}},
                 "checkpoint": "cp",
             }
         )

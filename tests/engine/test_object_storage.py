@@ -191,27 +191,52 @@ def test_two_runs_racing_on_one_s3_table_land_every_record_once(
     assert sum(table_ids(base).values()) == 1200
 
 
-def test_the_offsets_commands_read_a_delta_spark_commit_copy_in_a_bucket(object_store) -> None:
-    """After log cleanup the commands read a delta-spark table's offsets from the copy under
-    `_kafka_delta/`, reached with the table's storage options like every side file."""
-    import json
-
-    from deltalake.fs import DeltaStorageHandler
-    from kafka_delta.sinks.delta_spark.commit_copies import read_copy_file
+def test_delta_spark_commit_copies_and_leases_live_beside_a_checkpoint_in_a_bucket(
+    object_store, tmp_path: Path
+) -> None:
+    """The delta-spark sink's side files (commit copies, run leases) beside a checkpoint in a
+    bucket, reached through pyarrow's own S3 file system with delta.storage_options' keys
+    (never delta-rs: the cluster path imports none of it), and nothing in the table."""
+    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+    from kafka_delta.sinks.side_folder import open_side, table_key
     from pyarrow import fs as pafs
 
-    table = f"{object_store.create_bucket(f'lake-{uuid.uuid4().hex[:8]}')}/orders"
+    bucket = object_store.create_bucket(f"lake-{uuid.uuid4().hex[:8]}")
     options = object_store.storage_options()
+    checkpoint = f"{bucket}/checkpoints/orders"
+    copies = CommitCopies("main.sales.orders", checkpoint, "p", options)
     commit = BatchCommit("p", "p.q1", 4, {"orders": {0: 40, 1: 38}}).with_seq(5)
-    body = json.dumps({"delta_version": 9, "userMetadata": commit.user_metadata()}).encode()
-    bucket = pafs.PyFileSystem(DeltaStorageHandler(table, options))
-    with bucket.open_output_stream("_kafka_delta/p/commits/5.json", buffer_size=1 << 16) as out:
-        out.write(body)
+    copies.write(5, commit.user_metadata(), 9)
 
-    copy = read_copy_file(table, "p", 5, options)
+    copy = CommitCopies("main.sales.orders", checkpoint, "p", options).read(7)
     assert copy is not None
     assert (copy.offsets, copy.delta_version, copy.seq) == ({"orders": {0: 40, 1: 38}}, 9, 5)
-    assert read_copy_file(table, "p", 6, options) is None
+    assert copies.read(4) is None
+    filesystem, root = open_side(f"{checkpoint}.kafka_delta", options)
+    key = table_key("main.sales.orders")
+    info = filesystem.get_file_info(f"{root}/p/commits/{key}/5.json")
+    assert info.type == pafs.FileType.File
+
+    cfg = PipelineConfig.model_validate(
+        {
+            "pipeline_id": "p",
+            "kafka": {
+                "bootstrap_servers": "127.0.0.1:1",
+                "topics": ["orders"],
+                "consumer_group": "g",
+            },
+            "delta": {"table": "main.sales.orders", "storage_options": options},
+            "checkpoint": checkpoint,
+            "engine": {"source": "embedded", "sink": "delta_spark"},
+        }
+    )
+    from kafka_delta.recovery.lease import leases_of
+
+    with RunLease.hold(cfg) as lease:
+        assert lease is not None
+        (held,) = leases_of(cfg)
+        assert held.path == f"{checkpoint}.kafka_delta/p/runs/{key}/{held.run_id}.json"
+    assert leases_of(cfg) == []
 
 
 # -- settings that would commit unsafely --------------------------------------------------------

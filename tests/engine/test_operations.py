@@ -236,19 +236,28 @@ def test_delta_log_cleanup_loses_no_offsets_with_the_checkpoint_kept_or_deleted(
     assert_offsets_agree(cfg)
 
 
+def _copies(cfg) -> Path:
+    """Where the delta-spark sink keeps the copies of the pipeline's commits on cfg's table."""
+    from kafka_delta.sinks.side_folder import table_key
+
+    side = Path(f"{cfg.checkpoint}.kafka_delta")
+    return side / cfg.pipeline_id / "commits" / table_key(cfg.delta.table)
+
+
 def test_delta_spark_keeps_a_copy_of_its_commit_written_after_a_crash_and_kept_by_vacuum(
     spark, kafka_bootstrap, new_topics, make_config
 ) -> None:
     """delta-spark's offsets survive log cleanup through a copy of the commit record beside the
-    table: one lost to a crash between the commit and the copy is written again at start-up,
-    while the log still holds the commit, and VACUUM (delta-spark's and delta-rs's) keeps it."""
+    checkpoint (never in the table): one lost to a crash between the commit and the copy is
+    written again at start-up, while the log still holds the commit; VACUUM cannot reach it,
+    and deleting the checkpoint leaves it."""
     engine = {"source": "embedded", "sink": "delta_spark"}
     skip_without_connectors(spark, engine)
     topics = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, topics, 100)
     cfg = make_config(topics, engine=engine)
     Pipeline(spark, cfg).run()
-    copies = Path(cfg.delta.table) / "_kafka_delta" / cfg.pipeline_id / "commits"
+    copies = _copies(cfg)
     newest = max(int(p.stem) for p in copies.glob("*.json"))
     shutil.rmtree(copies)  # as if the run had died between its commit and the copy
 
@@ -264,6 +273,8 @@ def test_delta_spark_keeps_a_copy_of_its_commit_written_after_a_crash_and_kept_b
     )
     _clean_up_the_log(cfg.delta.table)
     shutil.rmtree(cfg.checkpoint)
+    assert max(int(p.stem) for p in copies.glob("*.json")) == max(kept)
+    assert not (Path(cfg.delta.table) / "_kafka_delta").exists()
     produce_events(kafka_bootstrap, topics, 50, first_id=150)
     Pipeline(spark, cfg).run()
 
@@ -286,7 +297,7 @@ def test_a_cleaned_up_table_whose_commit_copy_was_lost_resumes_from_its_rows(
     produce_events(kafka_bootstrap, topics, 50, first_id=100)
     cfg = make_config(topics, engine=engine)
     Pipeline(spark, cfg).run()
-    shutil.rmtree(Path(cfg.delta.table) / "_kafka_delta")
+    shutil.rmtree(_copies(cfg))
     _clean_up_the_log(cfg.delta.table)
     shutil.rmtree(cfg.checkpoint)
     produce_events(kafka_bootstrap, topics, 30, first_id=150)

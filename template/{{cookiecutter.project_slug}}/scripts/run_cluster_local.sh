@@ -22,8 +22,8 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   fi
   exec scripts/run_local.sh --engine cluster "$@"  # it puts the folder's jars on --jars
 fi
+# Delta's extension and catalog over a Hive metastore in data/: tables by name outlive the run.
 export SPARK_SUBMIT_EXTRA="--packages $(PYTHONPATH="$PWD/src" "$PYTHON" -m kafka_delta.runtime.connectors) \
-  --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
+  $(PYTHONPATH="$PWD/src" "$PYTHON" -m kafka_delta.runtime.connectors session-confs "$PWD/data") \
   ${SPARK_SUBMIT_EXTRA:-}"
 exec scripts/run_local.sh --engine cluster "$@"

@@ -18,11 +18,11 @@ if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   JARS="$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name '*.jar' | sort | paste -sd, -)"
   [ -n "$JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS holds no .jar file" >&2; exit 2; }
   echo "run_local.sh: connector jars from $KAFKA_DELTA_JARS on --jars, with Delta's session extension" >&2
-  # Delta's extension and catalog are what delta-spark needs outside Databricks (kafka_delta/runtime/connectors.py,
-  # DELTA_SESSION_CONFS); without them its DeltaLog works but SQL on the table does not.
+  # Delta's extension and catalog are what delta-spark needs outside Databricks, over a Hive
+  # metastore in data/ so that tables by name (default.orders) outlive the run
+  # (kafka_delta/runtime/connectors.py, local_delta_confs).
   SPARK_SUBMIT_EXTRA="--jars $JARS \
-    --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-    --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
+    $(PYTHONPATH="$PWD/src" "$PYTHON" -m kafka_delta.runtime.connectors session-confs "$PWD/data") \
     ${SPARK_SUBMIT_EXTRA:-}"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

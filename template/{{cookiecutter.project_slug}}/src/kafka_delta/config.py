@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from kafka_delta.table_names import is_table_name, location_problem, with_suffix
+
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _PIPELINE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -188,6 +190,14 @@ class DeltaConfig(_Model):
     # about even on 200k-record batches, ~0.07 s slower on 10k ones (the write command's fixed
     # cost); see kafka_delta.sinks.delta_rs.jvm_writer.
     file_writer: Literal["pyarrow", "spark"] = "pyarrow"
+
+    @field_validator("table")
+    @classmethod
+    def _path_or_name(cls, table: str) -> str:
+        problem = location_problem(table)
+        if problem is not None:
+            raise ValueError(problem)
+        return table
 
     @field_validator("merge_keys")
     @classmethod
@@ -449,6 +459,14 @@ class DeadLetterConfig(_Model):
     # record stops the pipeline instead (nothing is dropped silently either way).
     enabled: bool = True
     table: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _path_or_name(cls, table: str | None) -> str | None:
+        problem = None if table is None else location_problem(table)
+        if problem is not None:
+            raise ValueError(problem)
+        return table
 
 
 # A table's name in `tables:`: it names the table in commands (`--table`), progress lines,
@@ -796,6 +814,26 @@ class PipelineConfig(_Model):
         )
 
     @model_validator(mode="after")
+    def _names_need_the_cluster_sink(self) -> PipelineConfig:
+        """The embedded engine's delta-rs sink opens tables by path only: a catalog name is
+        refused before any work rather than taken for a folder (kafka_delta.table_names)."""
+        if self.engine.sink != "delta_rs":
+            return self
+        for view in self.table_configs():
+            for key, location in (
+                ("delta.table", view.delta.table),
+                ("dead_letters.table", view.dead_letter_table),
+            ):
+                if location is not None and is_table_name(location):
+                    where = f"tables.{view.table_name}" if view.table_name else key
+                    raise ValueError(
+                        f"{where} {location} is a table name, and engine.sink delta_rs writes "
+                        "tables by path only: give a path, or use engine.sink: delta_spark "
+                        "(tables by name in Spark's catalog, Unity Catalog on Databricks)"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _tombstones_need_the_key(self) -> PipelineConfig:
         key = self.decoding.key
         deletes = any(d.tombstones == "delete" for d in (self.delta, *self.tables.values()))
@@ -811,7 +849,7 @@ class PipelineConfig(_Model):
         """Where dead letters go: the configured table, else ``<table>_dead_letters``."""
         if not self.dead_letters.enabled:
             return None
-        return self.dead_letters.table or f"{self.delta.table.rstrip('/')}_dead_letters"
+        return self.dead_letters.table or with_suffix(self.delta.table, "_dead_letters")
 
     def with_overrides(self, **overrides: Any) -> PipelineConfig:
         """Return a copy with dotted-key overrides applied, validated like the file.
@@ -925,7 +963,10 @@ def _validate(data: object, source: str) -> PipelineConfig:
 
 
 def _resolve(path: str, root: Path) -> str:
-    # URIs (s3://, abfss://, dbfs:/, file:/) pass through; relative paths hang off the project root.
+    # URIs (s3://, abfss://, dbfs:/, file:/) and table names (main.sales.orders) pass through;
+    # relative paths hang off the project root.
+    if is_table_name(path):
+        return path
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", path):
         return path
     candidate = Path(path).expanduser()

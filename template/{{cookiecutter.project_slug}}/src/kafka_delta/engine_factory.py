@@ -93,19 +93,35 @@ def build_engine(
     from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkOffsetStore
     from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
 
+    checkpoint = config.checkpoint
     return Engine(
         source=source,
         sink=DeltaSparkSink(
-            spark, config.delta.table, config.pipeline_id, mode=mode, storage_options=options
+            spark,
+            config.delta.table,
+            config.pipeline_id,
+            mode=mode,
+            storage_options=options,
+            checkpoint=checkpoint,
         ),
-        offset_store=DeltaSparkOffsetStore(spark, config.delta.table, config.pipeline_id, options),
+        offset_store=DeltaSparkOffsetStore(
+            spark, config.delta.table, config.pipeline_id, options, checkpoint=checkpoint
+        ),
         dead_letter_sink=(
-            DeltaSparkSink(spark, dead_table, config.pipeline_id, storage_options=options)
+            DeltaSparkSink(
+                spark,
+                dead_table,
+                config.pipeline_id,
+                storage_options=options,
+                checkpoint=checkpoint,
+            )
             if dead_table
             else None
         ),
         dead_letter_offsets=(
-            DeltaSparkOffsetStore(spark, dead_table, config.pipeline_id, options)
+            DeltaSparkOffsetStore(
+                spark, dead_table, config.pipeline_id, options, checkpoint=checkpoint
+            )
             if dead_table
             else None
         ),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
 from kafka_delta.runtime.local_services import started_broker, started_registry
+from kafka_delta.table_names import is_table_name
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +21,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumer-group", help="override kafka.consumer_group")
     parser.add_argument(
         "--table",
-        help="override delta.table (path or URI); with tables: in the config, the name of one "
-        "table: the offsets and table commands act on it alone (default: on every table; the "
-        "run command always writes every table and refuses it)",
+        help="override delta.table (path, URI or catalog.schema.table); with tables: in the "
+        "config, the name of one table: the offsets and table commands act on it alone "
+        "(default: on every table; the run command always writes every table and refuses it)",
     )
     parser.add_argument("--checkpoint", help="override checkpoint (path)")
     parser.add_argument(
@@ -45,7 +46,8 @@ def log4j_config(args: argparse.Namespace) -> Path:
 
 
 def absolute_path(path: str | None) -> str | None:
-    if path is None or "://" in path or path.startswith("dbfs:"):
+    """A relative path made absolute; a URI or a table name (:mod:`..table_names`) as given."""
+    if path is None or "://" in path or path.startswith("dbfs:") or is_table_name(path):
         return path
     return str(Path(path).expanduser().resolve())
 

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta offsets") -> in
                     continue
                 if config.tables:
                     print(f"table {view.table_name}:")
-                    gone = open_table(view.delta.table, view.delta.storage_options) is None
+                    gone = open_table(view.delta.table, view) is None
                     if gone and len(views) > 1:
                         # Deleted, or not written yet: it stores no offsets, so a reset of
                         # the pipeline leaves it as it is (a run decides where it starts).
@@ -275,7 +275,7 @@ def show(config: PipelineConfig) -> dict[str, Any]:
     group = admin.committed(config.kafka.consumer_group, partitions)
 
     dead_table = config.dead_letter_table
-    dead = open_table(dead_table, config.delta.storage_options) if dead_table else None
+    dead = open_table(dead_table, config) if dead_table else None
     names = sorted(
         {(t, p) for t, ps in partitions.items() for p in ps}
         | {(t, p) for t, ps in stored.offsets.items() for p in ps}

@@ -33,16 +33,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from kafka_delta.commands.table_log import (
     CommandError,
+    SparkCommandTable,
     admin_for,
     format_rows,
     kafka_partitions,
+    newest_commit,
     open_existing,
     stored_offsets,
 )
@@ -62,7 +63,7 @@ from kafka_delta.offsets.model import (
 )
 from kafka_delta.offsets.stored import OffsetsExpiredError
 from kafka_delta.recovery.checkpoint import CheckpointLog, local_path
-from kafka_delta.recovery.lease import LeaseUnavailableError, active_leases
+from kafka_delta.recovery.lease import LeaseUnavailableError, active_leases_of
 
 
 def _offsets(items: Iterable[tuple[str, int, int | None]]) -> Offsets:
@@ -338,7 +339,7 @@ def _selected(stored: StoredOffsets, partitions: dict[str, list[int]], what: str
 
 
 def _stored(
-    table: DeltaTable, config: PipelineConfig, args: argparse.Namespace, admin: KafkaAdmin
+    table: Any, config: PipelineConfig, args: argparse.Namespace, admin: KafkaAdmin
 ) -> StoredOffsets:
     """The stored offsets, read by the pipeline's own reader (a RESTORE, log cleanup). Where
     nothing left after log cleanup can prove them
@@ -355,7 +356,7 @@ def _stored(
 
 
 def plan_reset(
-    config: PipelineConfig, args: argparse.Namespace, table: DeltaTable, admin: KafkaAdmin
+    config: PipelineConfig, args: argparse.Namespace, table: Any, admin: KafkaAdmin
 ) -> Plan:
     """What the reset would do; raises :class:`CommandError` on any bad input."""
     stored = _stored(table, config, args, admin)
@@ -440,7 +441,7 @@ def _tables_named(stored: StoredOffsets | None, pipeline_id: str) -> tuple[str, 
 
 
 def commit_reset(
-    table: DeltaTable, config: PipelineConfig, plan: Plan, reason: str, who: str | None = None
+    table: Any, config: PipelineConfig, plan: Plan, reason: str, who: str | None = None
 ) -> BatchCommit:
     """The reset as ONE Delta commit with no data on ``table``'s snapshot (no retry): fails
     with :class:`CommandError` when anything committed since the offsets were read."""
@@ -464,6 +465,12 @@ def commit_reset(
         # The pipeline's tables as the commit it replaces named them (kafka_delta.routing).
         tables=_tables_named(plan.stored, config.pipeline_id),
     ).on_top_of(plan.stored)
+    if isinstance(table, SparkCommandTable):
+        _commit_with_spark(table, commit)
+        return commit
+    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
     properties = CommitProperties(
         app_transactions=[Transaction(a, v) for a, v in commit.transactions()],
         custom_metadata={"userMetadata": commit.user_metadata()},
@@ -484,6 +491,42 @@ def commit_reset(
             "was written. Check `offsets show` and run the reset again."
         ) from None
     return commit
+
+
+def _commit_with_spark(table: SparkCommandTable, commit: BatchCommit) -> None:
+    """The reset on a delta-spark table, through delta-spark's own writer (its commitInfo names
+    delta-spark: ``engineInfo`` ``Apache-Spark/... Delta-Lake/...``): an empty append carrying
+    the fence txn (``txnAppId``/``txnVersion``) and the record (``userMetadata``), as the sink's
+    appends do. delta-spark commits it although it adds no file (the txn action is an action:
+    ``WriteIntoDelta`` puts it beside the file actions, and only a commit with no action at all
+    is skipped). It takes the pipeline's next fence seq, so it and a pipeline batch on the same
+    stored offsets cannot both land: the loser is rejected (``ConcurrentTransactionException``)
+    or skipped by delta-spark (its seq is no longer above the stored one), which the read-back
+    tells; either way the reset says so and writes nothing more."""
+    from kafka_delta.sinks.delta_spark.sink import append_options
+    from kafka_delta.sinks.delta_spark.table import TableAccessError
+
+    frame = table.table.frame().limit(0)
+    writer = frame.write.format("delta").mode("append").options(**append_options(commit))
+    try:
+        table.table.save(writer)
+    except TableAccessError as exc:
+        raise CommandError(str(exc)) from None
+    except Exception as exc:
+        if "Concurrent" not in str(exc) and "CONCURRENT" not in str(exc):
+            raise
+        raise CommandError(
+            f"the table changed while resetting (another commit landed first: "
+            f"{str(exc).splitlines()[0]}); nothing was written. Check `offsets show` and run "
+            "the reset again."
+        ) from None
+    newest = newest_commit(table, commit.pipeline_id)
+    if newest is None or (newest.record.app_id, newest.record.seq) != (commit.app_id, commit.seq):
+        raise CommandError(
+            f"the table changed while resetting (a commit of the pipeline took commit "
+            f"{commit.seq} first); nothing was written. Check `offsets show` and run the reset "
+            "again."
+        )
 
 
 def _render(config: PipelineConfig, plan: Plan) -> str:
@@ -520,7 +563,7 @@ def _checkpoint_advice(config: PipelineConfig) -> str:
 def _refuse_if_running(config: PipelineConfig, args: argparse.Namespace) -> str | None:
     """An error naming the active run(s), or None."""
     try:
-        active = active_leases(config.delta.table, config.pipeline_id, config.delta.storage_options)
+        active = active_leases_of(config)
     except LeaseUnavailableError as exc:
         if args.no_run_check:
             return None
@@ -572,7 +615,7 @@ def run_reset(
     # checked and kept (and the group re-aligned with them).
     if plan.changes or plan.to == "current":
         commit = commit_reset(table, config, plan, args.reason)
-        version = table.version()  # write_deltalake moved the handle to the new version
+        version = table.version()  # the handle reads the table's newest version
         print(f"committed as Delta version {version} (commit {commit.seq} of the pipeline)")
         offsets = commit.end_offsets
     else:

@@ -7,7 +7,9 @@ tables (the table and its dead-letter table), safe beside a running pipeline.
 
 Each step runs on the engine of the config's sink, never by hand: delta-rs
 (``optimize.compact()``, ``vacuum()``, ``create_checkpoint()``) for ``engine.sink: delta_rs``,
-delta-spark (``OPTIMIZE``, ``VACUUM``, the JVM ``DeltaLog``'s checkpoint) for ``delta_spark``.
+delta-spark through Spark alone (``OPTIMIZE``, ``VACUUM``; by name or path; I14) for
+``delta_spark``, where the checkpoint step is delta-spark's own: it writes one every
+``delta.checkpointInterval`` commits (10 by default) and offers Spark no call to force one.
 
 Why it is safe while the pipeline commits:
 
@@ -24,8 +26,9 @@ Why it is safe while the pipeline commits:
   (VACUUM LITE), never files no commit names, so a batch whose data files are written but not
   yet committed is safe whatever the retention; ``--full`` also deletes files no commit names
   (left by crashed batches) once older than the retention;
-- both engines' vacuum skip folders whose names start with ``_``: ``_delta_log`` and
-  ``_kafka_delta/`` (run leases, delta-spark commit copies) are never listed, let alone deleted;
+- both engines' vacuum skip folders whose names start with ``_``: ``_delta_log`` and the
+  delta-rs sink's ``_kafka_delta/`` (run leases) are never listed, let alone deleted (the
+  delta-spark sink keeps its side files beside the checkpoint, not in the table);
 - a checkpoint keeps the txn actions (the fence, and the topic ids a recreated topic is known
   by after log cleanup; the offsets then come from the rows).
 
@@ -46,7 +49,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from kafka_delta.commands.arguments import add_config_options, build_config, selected_tables
 from kafka_delta.commands.table_log import CommandError, open_table
@@ -181,8 +183,10 @@ def read_state(uri: str, config: PipelineConfig) -> TableState | None:
     if "://" not in uri or uri.startswith("file://"):
         if local.is_file():
             raise CommandError(f"{uri} is a file, not a Delta table's folder")
+    if config.engine.sink != "delta_rs":
+        return _spark_state(uri, config)
     try:
-        table = open_table(uri, config.delta.storage_options)
+        table = open_table(uri, config)
     except Exception as exc:
         raise CommandError(f"cannot open a Delta table at {uri}: {_first_line(exc)}") from None
     if table is None:
@@ -193,6 +197,43 @@ def read_state(uri: str, config: PipelineConfig) -> TableState | None:
         dict(table.metadata().configuration),
         list(table.metadata().partition_columns),
         pa.table(table.get_add_actions(flatten=True)),
+    )
+
+
+def _spark_state(uri: str, config: PipelineConfig) -> TableState | None:
+    """:class:`TableState` of a delta-spark table (by name or path), through Spark alone:
+    ``DESCRIBE DETAIL`` (properties, partition columns), the history's newest version, and
+    the live files' sizes from the rows' ``_metadata`` (Spark's file metadata column)."""
+    from pyspark.sql import functions as F
+
+    from kafka_delta.commands.table_log import command_spark
+    from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError
+
+    table = SparkTable(command_spark(config), uri)
+    try:
+        handle = table.delta()
+    except TableAccessError as exc:
+        raise CommandError(str(exc)) from None
+    if handle is None:
+        return None
+    detail = handle.detail().select("properties", "partitionColumns").first()
+    partitions = list(detail["partitionColumns"] or [])
+    files = (
+        table.frame()
+        .select(
+            F.col("_metadata.file_path").alias("path"),
+            F.col("_metadata.file_size").alias("size_bytes"),
+            *(F.col(f"`{c}`").alias(f"partition.{c}") for c in partitions),
+        )
+        .distinct()
+        .toArrow()
+    )
+    return TableState(
+        uri,
+        int(table.history(1, handle)[0]["version"]),  # type: ignore[call-overload]
+        dict(detail["properties"] or {}),
+        partitions,
+        files,
     )
 
 
@@ -228,7 +269,9 @@ class DeltaRsMaintainer:
     def __init__(self, storage_options: dict[str, str]) -> None:
         self.storage_options = dict(storage_options) or None
 
-    def _open(self, uri: str) -> DeltaTable:
+    def _open(self, uri: str) -> Any:
+        from deltalake import DeltaTable
+
         return DeltaTable(uri, storage_options=self.storage_options)
 
     def small_file_size(self, state: TableState) -> int:
@@ -278,8 +321,9 @@ def _json(value: object) -> dict[str, Any]:
 
 
 class DeltaSparkMaintainer:
-    """delta-spark: ``DeltaTable.optimize().executeCompaction()``, ``VACUUM`` (SQL, for its LITE
-    and DRY RUN forms), and a checkpoint of the snapshot the JVM ``DeltaLog`` reads."""
+    """delta-spark through Spark alone: ``DeltaTable.optimize().executeCompaction()``, ``VACUUM``
+    (SQL, for its LITE and DRY RUN forms), by name or by path; the checkpoint is delta-spark's
+    own (see the module docstring)."""
 
     name = "delta-spark"
 
@@ -291,9 +335,9 @@ class DeltaSparkMaintainer:
         return int(configured) if configured else DELTA_SPARK_MIN_FILE_SIZE
 
     def compact(self, uri: str) -> tuple[int, int, int]:
-        from delta.tables import DeltaTable as SparkDeltaTable
+        from kafka_delta.sinks.delta_spark.table import SparkTable
 
-        row = SparkDeltaTable.forPath(self.spark, uri).optimize().executeCompaction().first()
+        row = SparkTable(self.spark, uri).delta().optimize().executeCompaction().first()
         metrics = row["metrics"] if row is not None else None
         if metrics is None:
             return 0, 0, 0
@@ -305,7 +349,9 @@ class DeltaSparkMaintainer:
         )
 
     def vacuum(self, uri: str, hours: float, full: bool, dry_run: bool) -> list[str]:
-        table = f"delta.`{uri}`"
+        from kafka_delta.sinks.delta_spark.table import SparkTable
+
+        table = SparkTable(self.spark, uri).sql_name()
         mode = "FULL" if full else "LITE"
         listed = self.spark.sql(f"VACUUM {table} {mode} RETAIN {hours:g} HOURS DRY RUN")
         paths = [str(r[0]) for r in listed.collect()]
@@ -314,21 +360,17 @@ class DeltaSparkMaintainer:
         return paths
 
     def checkpoint(self, uri: str) -> int:
-        jvm = self.spark.sparkContext._jvm
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, uri)
-        # forTable hands out a cached DeltaLog: bring its snapshot up to the table first.
-        none = jvm.scala.Option.empty()
-        snapshot = delta_log.update(False, none, none)
-        delta_log.checkpoint(snapshot, none)
-        return int(snapshot.version())
+        """delta-spark writes checkpoints itself (every ``delta.checkpointInterval`` commits)
+        and gives Spark's APIs no call to force one: nothing is written; the table's version."""
+        from kafka_delta.sinks.delta_spark.table import SparkTable
+
+        return int(SparkTable(self.spark, uri).history(1)[0]["version"])  # type: ignore[call-overload]
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
     """A lost commit race of either engine (delta-rs ``CommitFailedError``, delta-spark's
     ``Concurrent...Exception``), which a retry on a fresh snapshot resolves."""
-    from deltalake.exceptions import CommitFailedError
-
-    if isinstance(exc, CommitFailedError):
+    if type(exc).__name__ == "CommitFailedError":  # delta-rs's (deltalake.exceptions)
         return True
     text = f"{type(exc).__name__}: {exc}"
     return "Concurrent" in text or "CONCURRENT" in text
@@ -412,7 +454,13 @@ def maintain(
         )
     if "checkpoint" in plan.steps:
         version = engine.checkpoint(uri)
-        out(f"table {uri}: checkpoint: written at version {version}")
+        if isinstance(engine, DeltaSparkMaintainer):
+            out(
+                f"table {uri}: checkpoint: delta-spark's own, every delta.checkpointInterval "
+                f"commits (Spark offers no call to force one; version {version})"
+            )
+        else:
+            out(f"table {uri}: checkpoint: written at version {version}")
 
 
 def run_maintain(config: PipelineConfig, plan: Plan, out: Callable[[str], None] = print) -> int:

@@ -1,18 +1,21 @@
-"""What the offsets commands read from Delta (delta-rs, no Spark) and Kafka (confluent-kafka).
+"""What the offsets commands read from Delta and Kafka (confluent-kafka).
 
-Both sinks write the same ``userMetadata`` record (:class:`..offsets.BatchCommit`), and delta-rs
-reads a delta-spark table's log as well as its own, so everything here works on tables written
-by either sink.
+Both sinks write the same ``userMetadata`` record (:class:`..offsets.BatchCommit`), read by the
+same reader (:mod:`kafka_delta.offsets.stored`). The table is reached the way its sink reaches
+it (:func:`open_table`): with delta-rs, without Spark, for ``engine.sink: delta_rs``; through
+Spark alone for ``delta_spark`` (:class:`SparkCommandTable`; by name or path, never delta-rs,
+never a file the driver opens: I14), so a command works where the pipeline works, a Unity
+Catalog table and a Spark Connect session included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin
@@ -23,9 +26,7 @@ from kafka_delta.offsets.model import (
     parse_user_metadata,
     starting_offsets_option,
 )
-from kafka_delta.offsets.stored import HISTORY_PAGES, read_stored
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog, open_table
-from kafka_delta.sinks.delta_spark.commit_copies import read_copy_file
+from kafka_delta.offsets.stored import HISTORY_PAGES, TableLog, read_stored
 
 # Kafka metadata calls of a command: long enough for a loaded broker, short enough for a human.
 KAFKA_TIMEOUT_S = 15.0
@@ -70,14 +71,91 @@ def _commits(history: Iterable[dict[str, object]], pipeline_id: str) -> list[Pip
     return found
 
 
-def open_existing(uri: str, config: PipelineConfig, what: str = "table") -> DeltaTable:
-    table = open_table(uri, config.delta.storage_options)
+class SparkCommandTable:
+    """A delta-spark sink's table as the commands read it: the few calls they make on
+    delta-rs's ``DeltaTable`` (``history``, ``version``, ``schema().to_arrow()``,
+    ``to_pyarrow_table``), answered through Spark alone."""
+
+    def __init__(self, table: Any, handle: Any) -> None:
+        self.table = table  # kafka_delta.sinks.delta_spark.table.SparkTable
+        self.handle = handle  # its delta.tables.DeltaTable
+
+    def history(self, limit: int | None = None) -> list[dict[str, object]]:
+        return self.table.history(limit, self.handle)
+
+    def version(self) -> int:
+        return int(self.history(1)[0]["version"])  # type: ignore[call-overload]
+
+    def schema(self) -> SparkCommandTable:
+        return self
+
+    def to_arrow(self) -> pa.Schema:
+        return self.table.frame().limit(0).toArrow().schema
+
+    def to_pyarrow_table(self, columns: list[str]) -> pa.Table:
+        return self.table.frame().select(*columns).toArrow()
+
+    def count_rows(self) -> int:
+        return int(self.table.frame().count())
+
+
+def command_spark(config: PipelineConfig) -> Any:
+    """The Spark session a command on a delta-spark table works through (the config's, as a
+    run builds it); :class:`CommandError` when it lacks delta-spark's jars."""
+    from kafka_delta.runtime.connectors import missing_connectors
+    from kafka_delta.runtime.spark_session import build_spark
+
+    spark = build_spark(config)
+    if missing_connectors(spark, ["delta-spark"]):
+        raise CommandError(
+            "the table is written by delta-spark (engine.sink: delta_spark), and this Spark "
+            "session has no delta-spark jars: run the command where the pipeline runs "
+            "(Databricks, or KAFKA_DELTA_JARS=<folder> locally)"
+        )
+    return spark
+
+
+def open_table(uri: str, config: PipelineConfig) -> Any | None:
+    """The table at ``uri`` (a path, or a catalog name on delta-spark) as its sink reaches it
+    (see the module docstring); None when there is none."""
+    if config.engine.sink == "delta_rs":
+        from kafka_delta.sinks.delta_rs.offset_store import open_table as open_delta_rs
+
+        return open_delta_rs(uri, config.delta.storage_options)
+    from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError
+
+    table = SparkTable(command_spark(config), uri)
+    try:
+        handle = table.delta()
+    except TableAccessError as exc:
+        raise CommandError(str(exc)) from None
+    return None if handle is None else SparkCommandTable(table, handle)
+
+
+def open_existing(uri: str, config: PipelineConfig, what: str = "table") -> Any:
+    table = open_table(uri, config)
     if table is None:
         raise CommandError(f"there is no Delta {what} at {uri}")
     return table
 
 
-def newest_commit(table: DeltaTable, pipeline_id: str) -> PipelineCommit | None:
+def table_log(table: Any, config: PipelineConfig) -> TableLog:
+    """The reader's view (:class:`kafka_delta.offsets.stored.TableLog`) of ``table`` (from
+    :func:`open_table`), with the commit copies its sink keeps (delta-spark)."""
+    if isinstance(table, SparkCommandTable):
+        from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+        from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog
+
+        copies = CommitCopies(
+            config.delta.table, config.checkpoint, config.pipeline_id, config.delta.storage_options
+        )
+        return DeltaSparkLog(table.table, config.pipeline_id, copies, table.handle)
+    from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog
+
+    return DeltaRsLog(table)
+
+
+def newest_commit(table: Any, pipeline_id: str) -> PipelineCommit | None:
     """The pipeline's newest commit in effect in the retained log (a RESTORE hides the
     commits it undid), reading no more than it must."""
     for limit in HISTORY_PAGES:
@@ -96,19 +174,13 @@ def commits_in(history: Iterable[dict[str, object]], pipeline_id: str) -> list[P
 
 
 def stored_offsets(
-    table: DeltaTable, config: PipelineConfig, partitions: dict[str, list[int]]
+    table: Any, config: PipelineConfig, partitions: dict[str, list[int]]
 ) -> tuple[StoredOffsets, PipelineCommit | None]:
     """The pipeline's stored offsets, read by the pipeline's own reader (RESTOREs, log cleanup:
     :mod:`kafka_delta.offsets.stored`), and the commit holding them (None when log cleanup
     removed it); no commit of the pipeline is an error."""
     pipeline_id = config.pipeline_id
-    log = DeltaRsLog(
-        table,
-        lambda seq: read_copy_file(
-            config.delta.table, pipeline_id, seq, config.delta.storage_options
-        ),
-    )
-    stored = read_stored(log, pipeline_id, lambda: partitions)
+    stored = read_stored(table_log(table, config), pipeline_id, lambda: partitions)
     if stored is None:
         starting = starting_offsets_option(config.kafka.starting_offsets)
         raise CommandError(
@@ -121,9 +193,11 @@ def stored_offsets(
     return stored, newest_commit(table, pipeline_id)
 
 
-def row_count(table: DeltaTable) -> int:
+def row_count(table: Any) -> int:
     """Rows in the table's current snapshot, from the file statistics when every file has
-    them (no data read), else by scanning."""
+    them (no data read), else by scanning; through Spark for a delta-spark table."""
+    if isinstance(table, SparkCommandTable):
+        return table.count_rows()
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0
@@ -162,7 +236,7 @@ def group_offsets_of(config: PipelineConfig) -> dict[str, dict[int, int]]:
     pipeline yet counts for nothing."""
     least: dict[str, dict[int, int]] = {}
     for view in config.table_configs():
-        table = open_table(view.delta.table, view.delta.storage_options)
+        table = open_table(view.delta.table, view)
         if table is None:
             continue
         partitions, _ = kafka_partitions(admin_for(view), view.kafka.topics)

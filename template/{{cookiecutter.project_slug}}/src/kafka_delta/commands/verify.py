@@ -50,10 +50,10 @@ import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from kafka_delta.commands.table_log import (
     KAFKA_TIMEOUT_S,
@@ -338,7 +338,7 @@ def _epoch_ms(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
     return None
 
 
-def read_positions(table: DeltaTable, stamp_column: str) -> tuple[Positions | None, str]:
+def read_positions(table: Any, stamp_column: str) -> tuple[Positions | None, str]:
     """(the rows' positions, '') or (None, why the table cannot be audited by row). Only the
     position columns and ``stamp_column`` (the record timestamp, when the table has it) are
     read."""
@@ -915,7 +915,7 @@ def run_verify(
     audit = Audit(ranges, cleaned=history_start > 0 and not first_seq_kept)
     main, why = read_positions(table, TABLE_TIMESTAMP)
     dead_uri = config.dead_letter_table
-    dead_table = open_table(dead_uri, config.delta.storage_options) if dead_uri else None
+    dead_table = open_table(dead_uri, config) if dead_uri else None
     dead, dead_why = (
         read_positions(dead_table, DEAD_LETTER_TIMESTAMP) if dead_table is not None else (None, "")
     )

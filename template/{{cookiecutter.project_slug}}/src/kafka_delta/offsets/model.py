@@ -41,7 +41,7 @@ commits older than ``delta.logRetentionDuration``. A pipeline idle for longer th
 other writers commit would lose its ``userMetadata`` offsets. The delta-rs sink therefore also
 writes one txn per partition whose version is the partition's end offset, as kafka-delta-ingest
 does. delta-spark's writer carries a single txn (the fence), so the delta-spark sink keeps a
-copy of each commit's record beside the table, named by the fence's seq
+copy of each commit's record beside the checkpoint, named by the fence's seq
 (:mod:`kafka_delta.sinks.delta_spark.commit_copies`). Neither is the truth once log cleanup
 removed the pipeline's commits: a Delta RESTORE reverts no txn action and no copy, so both may
 still name a batch the table no longer holds. The reader then recomputes the offsets from the
@@ -60,10 +60,9 @@ from dataclasses import dataclass, field, replace
 # Tag of the JSON object this pipeline writes into a commit's userMetadata. Commits without it
 # (other writers, OPTIMIZE, VACUUM, manual fixes) are skipped when reading offsets back.
 METADATA_KEY = "kafka_delta"
-# The folder inside a table where the pipeline keeps what is not Delta's: run leases
-# (recovery/lease.py) and, for delta-spark, copies of its commit records
-# (sinks/delta_spark/commit_copies.py).
-# Delta's readers and VACUUM skip folders whose names start with "_".
+# The folder inside a table where the delta-rs sink's runs keep their leases
+# (recovery/lease.py); the delta-spark sink keeps its side files beside the checkpoint instead
+# (sinks/side_folder.py). Delta's readers and VACUUM skip folders whose names start with "_".
 TABLE_SIDE_FOLDER = "_kafka_delta"
 METADATA_FORMAT = 1
 

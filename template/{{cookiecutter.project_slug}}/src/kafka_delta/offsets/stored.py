@@ -3,7 +3,9 @@
 The pipeline's start, both sinks' checks and the ``offsets`` commands all ask the same question
 ("where does the table say this pipeline ends?"), and all of them read the answer here, so no
 reader can know less than another. A table is seen through a :class:`TableLog`: its history,
-its txn actions, and (delta-spark sink) the copies of the pipeline's commit records beside it.
+its txn actions (none through Spark: the delta-spark side answers for the fence alone, see
+:mod:`kafka_delta.sinks.delta_spark.offset_store`), and (delta-spark sink) the copies of the
+pipeline's commit records kept beside the checkpoint.
 
 In order:
 
@@ -52,7 +54,8 @@ class TableLog(Protocol):
     def transaction_version(self, app_id: str) -> int | None: ...
 
     def commit_copy(self, seq: int) -> StoredOffsets | None:
-        """The copy of the pipeline's commit ``seq`` kept beside the table, if any."""
+        """The newest copy of a commit of the pipeline numbered ``seq`` or lower (delta-spark
+        sink, kept beside the checkpoint), if any."""
         ...
 
     def row_positions(

@@ -1,11 +1,23 @@
 """The run lease: how `offsets reset` (another process, maybe another machine) knows that a
 run of the pipeline is active, instead of guessing.
 
-While :meth:`..pipeline.Pipeline.run` runs it keeps a small JSON file under the table,
-``<table>/_kafka_delta/<pipeline_id>/runs/<run id>.json`` (host, pid, checkpoint, query id,
-start time, heartbeat), refreshes its heartbeat every :data:`HEARTBEAT_SECONDS` from a daemon
-thread, and removes it on exit. One file per run, so two runs (two checkpoints) never overwrite
-each other's lease. Delta ignores folders starting with ``_`` inside a table (readers, VACUUM).
+While :meth:`..pipeline.Pipeline.run` runs it keeps a small JSON file in the pipeline's side
+folder (:mod:`kafka_delta.sinks.side_folder`), ``<side>/<pipeline_id>/runs/<run id>.json``
+(host, pid, checkpoint, query id, start time, heartbeat), refreshes its heartbeat every
+:data:`HEARTBEAT_SECONDS` from a daemon thread, and removes it on exit. One file per run, so two
+runs (two checkpoints) never overwrite each other's lease.
+
+Where the side folder is depends on the sink, and so does what a lease can tell:
+
+- delta-rs sink: ``<table>/_kafka_delta/`` (Delta ignores folders starting with ``_`` inside a
+  table: readers, VACUUM). Every run of the pipeline leaves its lease there, whatever its
+  checkpoint: ``offsets reset`` sees them all.
+- delta-spark sink: ``<checkpoint>.kafka_delta/`` (``runs/<table digest>/``: the tables of one
+  pipeline share a checkpoint), beside the checkpoint, never in the table's folder (a Unity
+  Catalog table has none the driver may write; I14). ``offsets reset`` sees the runs on its
+  config's checkpoint; a run on another checkpoint is one it cannot see, and the
+  Delta fence (below) is what keeps the reset and that run's commits apart, as it already was
+  for a run on a host whose clock is off.
 
 A lease is *active* when, on this host, its process is alive (the pid, checked against the
 process start time so a reused pid does not count), and, from another host, when its heartbeat
@@ -61,7 +73,11 @@ from kafka_delta.config import PipelineConfig
 from kafka_delta.offsets.model import TABLE_SIDE_FOLDER
 from kafka_delta.recovery.checkpoint import local_path
 from kafka_delta.runtime.processes import pid_exists
-from kafka_delta.sinks.table_storage import WRITE_BUFFER_BYTES, display, join, open_filesystem
+from kafka_delta.sinks import side_folder
+
+# Object stores reached through delta-rs take whole payloads: a small file is written through a
+# buffered stream (an unbuffered write hands it a pyarrow Buffer, which it refuses).
+WRITE_BUFFER_BYTES = 1 << 16
 
 log = logging.getLogger(__name__)
 
@@ -190,24 +206,77 @@ def is_active(lease: Lease, now_ms: int | None = None, here: HostIdentity | None
     return now_ms - lease.heartbeat_ms < STALE_AFTER_SECONDS * 1000
 
 
-def _runs_folder(
+@dataclass(frozen=True)
+class LeaseFolder:
+    """Where one pipeline's leases are: the file system, the folder in it, how an operator
+    names a file there, and the local folder the lease may remove again when empty (the one
+    a run that wrote nothing must not leave behind), if any."""
+
+    filesystem: pafs.FileSystem
+    folder: str
+    display: Callable[[str], str]
+    prune_stop: Path | None = None
+
+
+def _table_runs_folder(
     table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None
-) -> tuple[pafs.FileSystem, str]:
-    """The lease folder, reached with the table's storage options (an object store's endpoint,
-    region and credentials are the commit's: see :mod:`kafka_delta.sinks.table_storage`)."""
+) -> LeaseFolder:
+    """The delta-rs sink's lease folder, reached with the table's storage options (an object
+    store's endpoint, region and credentials are the commit's: see
+    :mod:`kafka_delta.sinks.table_storage`; the embedded engine only)."""
+    from kafka_delta.sinks.table_storage import display, join, open_filesystem
+
     try:
         filesystem, root = open_filesystem(table_uri, storage_options, create=False)
     except Exception as exc:
         raise LeaseUnavailableError(f"cannot keep a run lease at {table_uri}: {exc}") from None
-    return filesystem, join(root, TABLE_SIDE_FOLDER, pipeline_id, "runs")
+    table = local_path(table_uri)
+    # A run that writes nothing must not leave a table folder behind.
+    stop = None if table is None else (table.parent if not table.exists() else table)
+    return LeaseFolder(
+        filesystem,
+        join(root, TABLE_SIDE_FOLDER, pipeline_id, "runs"),
+        lambda path: display(table_uri, path),
+        stop,
+    )
+
+
+def lease_folder(config: PipelineConfig) -> LeaseFolder:
+    """The lease folder of ``config``'s pipeline (see the module docstring)."""
+    if config.engine.sink == "delta_rs":
+        return _table_runs_folder(
+            config.delta.table, config.pipeline_id, config.delta.storage_options
+        )
+    location = side_folder.side_location("delta_spark", config.delta.table, config.checkpoint)
+    try:
+        filesystem, root = side_folder.open_side(location, config.delta.storage_options)
+    except Exception as exc:
+        raise LeaseUnavailableError(f"cannot keep a run lease at {location}: {exc}") from None
+    local = local_path(location)
+    stop = None if local is None else (local.parent if not local.exists() else local)
+    # One folder per table: the tables of a pipeline (tables:) share its checkpoint, and a run
+    # holds a lease on each, as it does in each table's folder on the delta-rs sink.
+    table = side_folder.table_key(config.delta.table)
+    return LeaseFolder(
+        filesystem,
+        f"{root}/{config.pipeline_id}/runs/{table}",
+        lambda path: side_folder.display(location, root, path),
+        stop,
+    )
 
 
 def read_leases(
     table_uri: str, pipeline_id: str, storage_options: dict[str, str] | None = None
 ) -> list[Lease]:
-    """Every lease file of ``pipeline_id`` under the table, active or not."""
-    filesystem, folder = _runs_folder(table_uri, pipeline_id, storage_options)
-    return read_leases_in(filesystem, folder, table_uri)
+    """Every lease file of ``pipeline_id`` under the table (delta-rs sink), active or not."""
+    where = _table_runs_folder(table_uri, pipeline_id, storage_options)
+    return read_leases_in(where.filesystem, where.folder, where.display)
+
+
+def leases_of(config: PipelineConfig) -> list[Lease]:
+    """Every lease file of ``config``'s pipeline in its lease folder, active or not."""
+    where = lease_folder(config)
+    return read_leases_in(where.filesystem, where.folder, where.display)
 
 
 def same_checkpoint(a: str, b: str) -> bool:
@@ -219,8 +288,10 @@ def same_checkpoint(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def read_leases_in(filesystem: pafs.FileSystem, folder: str, table_uri: str) -> list[Lease]:
-    """Every lease file in ``folder``, the lease folder of the table ``table_uri``."""
+def read_leases_in(
+    filesystem: pafs.FileSystem, folder: str, display: Callable[[str], str]
+) -> list[Lease]:
+    """Every lease file in ``folder``; ``display`` names a file as an operator types it."""
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
     except OSError as exc:
@@ -231,7 +302,7 @@ def read_leases_in(filesystem: pafs.FileSystem, folder: str, table_uri: str) -> 
             continue
         try:
             with filesystem.open_input_stream(info.path) as stream:
-                leases.append(Lease.from_json(stream.read(), path=display(table_uri, info.path)))
+                leases.append(Lease.from_json(stream.read(), path=display(info.path)))
         except FileNotFoundError:
             continue  # released while we listed
         except (OSError, TypeError, ValueError) as exc:
@@ -247,20 +318,23 @@ def active_leases(
     return [lease for lease in leases if is_active(lease, here=here)]
 
 
+def active_leases_of(config: PipelineConfig) -> list[Lease]:
+    """The active leases in ``config``'s lease folder (see the module docstring)."""
+    here = HostIdentity.here()
+    return [lease for lease in leases_of(config) if is_active(lease, here=here)]
+
+
 class RunLease:
     """The lease of one run; use :meth:`hold`."""
 
     def __init__(
         self, config: PipelineConfig, query_id: Callable[[], str | None] = lambda: None
     ) -> None:
-        self._fs, self._folder = _runs_folder(
-            config.delta.table, config.pipeline_id, config.delta.storage_options
-        )
-        self._table_uri = config.delta.table
-        self._table = local_path(config.delta.table)
-        # A run that writes nothing (bad config, a bad record) must not leave a table folder
-        # behind: on release, the folders the lease created are removed again when empty.
-        self._created_table_folder = self._table is not None and not self._table.exists()
+        where = lease_folder(config)
+        self._fs, self._folder, self._display = where.filesystem, where.folder, where.display
+        # A run that writes nothing (bad config, a bad record) must not leave a table (or side)
+        # folder behind: on release, the folders the lease created are removed again when empty.
+        self._prune_stop = where.prune_stop
         pid = os.getpid()
         now = _now_ms()
         here = HostIdentity.here()
@@ -327,12 +401,12 @@ class RunLease:
             self._prune()
 
     def _prune(self) -> None:
-        """Remove the lease's folders, and the table folder it created, while they are empty
-        (a local table; object stores have no folders to leave behind)."""
-        if self._table is None:
+        """Remove the lease's folders, and the table (or side) folder it created, while they are
+        empty (a local folder; object stores have no folders to leave behind)."""
+        if self._prune_stop is None:
             return
         folders = [Path(self._folder), *Path(self._folder).parents]
-        stop = self._table.parent if self._created_table_folder else self._table
+        stop = self._prune_stop
         for folder in folders:
             if folder == stop:
                 break
@@ -348,7 +422,7 @@ class RunLease:
         mine = self.lease
         here = HostIdentity.here()
         with self._lock:
-            leases = read_leases_in(self._fs, self._folder, self._table_uri)
+            leases = read_leases_in(self._fs, self._folder, self._display)
         rivals = [
             lease
             for lease in leases

@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-
 from kafka_delta.offsets.model import StoredOffsets, app_id
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError, local_path
 

@@ -3,7 +3,8 @@ they are there, where to get them, and why a session lacks them. Used by the fac
 scripts and the tests; imports no engine.
 
 ``python -m kafka_delta.runtime.connectors`` prints the Maven coordinates for
-``spark-submit --packages``.
+``spark-submit --packages``; ``python -m kafka_delta.runtime.connectors session-confs <folder>``
+the ``--conf`` options of a local delta-spark session whose tables by name outlive the run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,30 @@ DELTA_SESSION_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+
+
+def catalog_session_confs(folder: str) -> dict[str, str]:
+    """Spark's session catalog over a Hive metastore kept in ``folder`` (the project's ``data/``):
+    tables by name (``default.orders``, :mod:`kafka_delta.table_names`) outlive the run, as Unity
+    Catalog's do on Databricks. The metastore is Derby, embedded, and Spark's Hive support is
+    shipped in pyspark (its jars: hive-metastore, derby): nothing to install. Managed tables go
+    to ``<folder>/warehouse``, the metastore to ``<folder>/metastore_db``. With Delta's catalog
+    (:data:`DELTA_SESSION_CONFS`) over it, ``CREATE TABLE ... USING delta`` and
+    ``DeltaTable.forName`` work as on a cluster."""
+    root = folder.rstrip("/")
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": f"{root}/warehouse",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={root}/metastore_db;create=true"
+        ),
+    }
+
+
+def local_delta_confs(folder: str) -> dict[str, str]:
+    """Everything a local delta-spark session needs: Delta's extension and catalog, over the
+    metastore of :func:`catalog_session_confs` in ``folder``."""
+    return {**DELTA_SESSION_CONFS, **catalog_session_confs(folder)}
 
 
 def connector_packages() -> list[str]:
@@ -103,5 +128,10 @@ def required_connectors(source: str, sink: str) -> list[str]:
     return needed
 
 
-if __name__ == "__main__":  # scripts/run_cluster_local.sh asks for the coordinates
-    print(",".join(connector_packages()))
+if __name__ == "__main__":  # scripts/run_local.sh and run_cluster_local.sh ask
+    import sys
+
+    if sys.argv[1:2] == ["session-confs"] and len(sys.argv) == 3:
+        print(" ".join(f"--conf {k}={v}" for k, v in local_delta_confs(sys.argv[2]).items()))
+    else:
+        print(",".join(connector_packages()))

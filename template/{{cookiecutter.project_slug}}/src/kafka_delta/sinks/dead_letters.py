@@ -149,8 +149,10 @@ def positions_held(
     topic_ids: TopicIds = None,
 ) -> set[Position]:
     """The positions of ``dead`` that the dead-letter table already holds for the same topic
-    (``topic_ids``: the batch's; see the module docstring), read with delta-rs, which reads the
-    tables of both sinks: only the position columns, filtered."""
+    (``topic_ids``: the batch's; see the module docstring), read with delta-rs (the delta-rs
+    sink's tables; a delta-spark sink reads its own through Spark, ``positions_held`` of
+    :class:`kafka_delta.sinks.delta_spark.sink.DeltaSparkSink`): only the position columns,
+    filtered."""
     from kafka_delta.sinks.delta_rs.offset_store import open_table
 
     table = open_table(table_uri, storage_options)
@@ -163,9 +165,18 @@ def positions_held(
         columns=[*POSITION, TOPIC_ID] if with_ids else POSITION,
         filter=pc.field("offset").isin(offsets),
     )
+    return held_among(found.to_pylist(), dead, topic_ids)
+
+
+def held_among(
+    found: list[dict[str, object]], dead: pa.Table, topic_ids: TopicIds = None
+) -> set[Position]:
+    """The positions of ``dead`` among ``found`` (rows of the dead-letter table: ``topic``,
+    ``partition``, ``offset``, and the topic id where the table has the column) for the same
+    topic (see the module docstring)."""
     held_ids: dict[Position, set[str | None]] = {}
-    for row in found.to_pylist():
-        position = (row["topic"], int(row["partition"]), int(row["offset"]))
+    for row in found:
+        position = (str(row["topic"]), int(row["partition"]), int(row["offset"]))  # type: ignore[call-overload]
         held_ids.setdefault(position, set()).add(row.get(TOPIC_ID))
     ids = dict(topic_ids or {})
     held: set[Position] = set()
@@ -217,12 +228,14 @@ class DeadLetterQueue:
         sink: Sink | None,
         offsets: OffsetStore | None,
         storage_options: dict[str, str] | None = None,
-        held: Callable[..., set[Position]] = positions_held,
+        held: Callable[..., set[Position]] | None = None,
     ) -> None:
         self.sink = sink
         self.offsets = offsets
         self.storage_options = dict(storage_options or {})
-        self._held = held
+        # Who reads the positions the table holds: the sink itself where it has a reader of its
+        # own (delta-spark: through Spark), else delta-rs.
+        self._held = held or getattr(sink, "positions_held", None) or positions_held
 
     def send(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit ``dead`` (positions and errors of the batch ``df`` read) to the dead-letter

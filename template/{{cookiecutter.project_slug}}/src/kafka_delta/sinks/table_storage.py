@@ -1,7 +1,7 @@
 """The table's folder as a file system, reached the way the commit reaches it.
 
-Everything that writes or reads files beside the Delta log (the data files the read tasks write,
-the run leases and the delta-spark commit copies under ``_kafka_delta/``) opens the folder here,
+The delta-rs sink's parts that write or read files beside the Delta log (the data files the read
+tasks write, the run leases under ``_kafka_delta/``) open the folder here,
 with the table's ``delta.storage_options``: the same URI schemes (s3://, abfss://, gs://, ...)
 and the same keys (endpoint, region, credentials, ``allow_http``) as delta-rs's commit, so a
 table delta-rs can commit to is a folder every side file can be kept in. A local table goes

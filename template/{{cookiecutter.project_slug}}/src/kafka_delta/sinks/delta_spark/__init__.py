@@ -1,2 +1,3 @@
-"""The delta-spark sink (:mod:`.sink`), its offset store (:mod:`.offset_store`) and the copies of
-its commit records kept beside the table for log cleanup (:mod:`.commit_copies`)."""
+"""The delta-spark sink (:mod:`.sink`), its offset store (:mod:`.offset_store`), the table as
+Spark reaches it by name or path (:mod:`.table`) and the copies of its commit records kept
+beside the checkpoint for log cleanup (:mod:`.commit_copies`): Delta through Spark alone."""

@@ -24,13 +24,16 @@ not fit makes its row a dead letter naming the column, the value and both types.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+
+if TYPE_CHECKING:
+    from kafka_delta.sinks.delta_spark.table import SparkTable
 
 # Narrowest first: a column's rank against the table's says which is wider.
 _NUMBERS: tuple[type[T.DataType], ...] = (
@@ -119,9 +122,9 @@ def _tick(name: str) -> str:
 
 
 def widen_columns(
-    spark: SparkSession, table_uri: str, table: Any, schema: T.StructType, batch: T.StructType
+    spark: SparkSession, target: SparkTable, table: Any, schema: T.StructType, batch: T.StructType
 ) -> bool:
-    """Widen the columns of the table at ``table_uri`` (``table``: its delta-spark
+    """Widen the columns of ``target`` (by name or path; ``table``: its delta-spark
     ``DeltaTable``, ``schema`` its columns) that ``batch`` holds wider, as the module says;
     True when it committed a change. Spark SQL and the DataFrame API only (I14)."""
     theirs = {f.name: f.dataType for f in batch.fields}
@@ -132,7 +135,7 @@ def widen_columns(
     }
     if not wider:
         return False
-    ref = f"delta.`{_tick(table_uri)}`"
+    ref = target.sql_name()
     properties = table.detail().select("properties").first()
     widening = (properties[0] or {}).get("delta.enableTypeWidening", "false") == "true"
     changes: list[tuple[str, T.DataType]] | None = [] if widening else None
@@ -150,17 +153,20 @@ def widen_columns(
     else:
         from pyspark.sql import functions as F
 
-        current = spark.read.format("delta").load(table_uri)
-        current.select(
+        current = target.frame()
+        widened = current.select(
             [
                 F.col(f"`{n}`").cast(wider[n]).alias(n) if n in wider else F.col(f"`{n}`")
                 for n in current.columns
             ]
-        ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table_uri)
+        )
+        target.save(
+            widened.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        )
         how = "by rewriting the table in one commit"
     log.info(
         "table %s: column(s) %s widened as the producers' schema did, %s",
-        table_uri,
+        target.location,
         ", ".join(f"{n} -> {t.simpleString()}" for n, t in wider.items()),
         how,
     )

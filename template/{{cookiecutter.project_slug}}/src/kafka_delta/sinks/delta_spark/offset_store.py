@@ -1,13 +1,46 @@
-"""The pipeline's stored offsets in a table written with delta-spark (the delta-spark sink's).
+"""The pipeline's stored offsets in a table written with delta-spark, read through Spark alone.
 
-The sink reads the log twice a batch (its check, then the read-back that proves the commit is this
-batch's) and the offset store at every start. Spark's own reader of the history
-(``DeltaTable.history()``) costs a query and a snapshot update each time; delta-rs reads the same
-log directly, without Spark: a snapshot from the last Delta checkpoint and the commits after it (5-7
-ms here for a local table). :class:`TableLogReader` reads through delta-rs, and through Spark only a
-table delta-rs cannot open (a reader feature it lacks, a file system it cannot reach), saying so
-once. Either way :func:`kafka_delta.offsets.stored.read_stored` reads the same commits, so the
-guarantees do not depend on which engine read them.
+The sink reads the log twice a batch (its check, then the read-back that proves the commit is
+this batch's) and the offset store at every start, all through :class:`DeltaSparkLog`: the
+table's history (``DeltaTable.history()``), its rows, and the commit copies beside the
+checkpoint. :func:`kafka_delta.offsets.stored.read_stored` reads the same commits it reads on a
+delta-rs table, so the guarantees do not depend on the engine.
+
+No txn reader (I14)
+-------------------
+Spark has no reader of a table's ``txn`` actions (delta-rs's ``transaction_version``; delta-spark
+reads them only inside its own write). The delta-spark side needs none:
+
+- **I2, replay.** A batch is a replay when the pipeline's newest commit in effect, read from
+  the history, names its ``(app_id, batch_id)`` (or a later batch of the same app id): the sink
+  writes nothing. A replay the history cannot show yet (a run of the same checkpoint that
+  committed between the check and the write) carries a fence ``seq`` that run already used, and
+  delta-spark skips a write whose ``txnVersion`` is not above the stored one, atomically, in the
+  write's own transaction (``DeltaCommand.hasBeenExecuted``); the read-back then finds the
+  other run's commit of the same batch.
+- **I3, a new checkpoint.** Its app id is new (pipeline id + query id), and its commits are
+  found by the pipeline's tag, never by app id; its first commit takes ``seq`` past the
+  pipeline's newest, so Delta never takes it for an old one.
+- **I6, fencing.** Every commit of the pipeline writes the one fence txn
+  ``(<pipeline>:fence, seq)``, ``seq`` = the stored commit's + 1. Delta enforces it on write:
+  two runs committing on top of the same stored offsets write the same ``seq``; the second is
+  rejected (``ConcurrentTransactionException``) or skipped (its ``seq`` is no longer above the
+  stored one). Neither lands twice, and the read-back names the loser's fate.
+- **The fence's value where the history cannot show it** (a RESTORE undid the pipeline's
+  newest commits; log cleanup removed them all): Delta skips a ``seq`` at or below the stored
+  fence, so the next ``seq`` must clear it. Every commit of the pipeline takes ``seq`` =
+  (the highest ``seq`` it knows of) + 1 and lands at a Delta version of its own, so no fence ever
+  exceeds the version of the commit that wrote it + 1 (the first is 1, at version >= 0; each
+  next at least one version later). :meth:`DeltaSparkLog.transaction_version` therefore answers
+  for the fence with the highest ``seq`` of the pipeline's commits in the history when the
+  history is complete (it starts at version 0), and with the bound ``newest version + 1`` when
+  log cleanup shortened it: never below the stored fence, which is all a write needs. The fence
+  numbers then jump; they only ever order the pipeline's commits.
+- **I11, one truth.** After log cleanup removed every commit of the pipeline, the offsets are
+  recomputed from the table's rows (:func:`kafka_delta.offsets.stored.from_the_rows`); the
+  newest commit copy lends its topic ids and the offsets it names past the rows, never the
+  offsets in effect. The per-partition offset txns and topic-id txns of the delta-rs sink are
+  hints this side does not read (it writes none).
 """
 
 from __future__ import annotations
@@ -18,58 +51,53 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from kafka_delta.offsets.model import StoredOffsets
+from kafka_delta.offsets.model import StoredOffsets, fence_app_id, parse_user_metadata
 from kafka_delta.offsets.stored import TableLog, newest_commit_version, read_stored
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog, open_table
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+from kafka_delta.sinks.delta_spark.table import SparkTable
 
 log = logging.getLogger(__name__)
 
 
-def delta_table(spark: SparkSession, table_uri: str) -> Any | None:
-    """``delta.tables.DeltaTable`` at ``table_uri``, or None when there is no Delta table."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, table_uri):
-        return None
-    return DeltaTable.forPath(spark, table_uri)
-
-
 class DeltaSparkLog:
-    """A table's log as :func:`kafka_delta.offsets.stored.read_stored` reads it through Spark, for a
-    table delta-rs cannot open: the history through delta-spark (a query), txn actions through
-    delta-rs (delta-spark's Python API has no reader of them; opened only when asked), the
-    commit copies through Spark's file system."""
+    """A table's log as :func:`kafka_delta.offsets.stored.read_stored` reads it, through Spark
+    (see the module docstring)."""
 
     def __init__(
         self,
-        table: Any,
-        table_uri: str,
+        table: SparkTable,
+        pipeline_id: str,
         copies: CommitCopies | None,
-        storage_options: dict[str, str] | None = None,
+        handle: Any | None = None,
     ) -> None:
         self.table = table
-        self.table_uri = table_uri
+        self.pipeline_id = pipeline_id
         self.copies = copies
-        self.storage_options = dict(storage_options or {})
-        self._txns: Any | None = None
+        # The table's DeltaTable, resolved once per read of the log (by name: one catalog
+        # lookup, not one per history page).
+        self.handle = handle if handle is not None else table.delta()
 
     def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
-        frame = self.table.history(limit) if limit is not None else self.table.history()
-        columns = ["version", "timestamp", "operation", "operationParameters", "userMetadata"]
-        rows = [row.asDict() for row in frame.select(*columns).collect()]
-        for row in rows:
-            # As delta-rs gives it: epoch milliseconds.
-            stamp = row.get("timestamp")
-            row["timestamp"] = int(stamp.timestamp() * 1000) if stamp is not None else None
-        return rows
+        return self.table.history(limit, self.handle)
 
     def transaction_version(self, app_id: str) -> int | None:
-        if self._txns is None:
-            from deltalake import DeltaTable
-
-            self._txns = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
-        return self._txns.transaction_version(app_id)
+        """For the pipeline's fence: a ``seq`` no lower than the one Delta stores (see the module
+        docstring); None when the complete history holds no commit of the pipeline. For any
+        other app id (the delta-rs sink's offset and topic-id txns): None, no hint."""
+        if app_id != fence_app_id(self.pipeline_id):
+            return None
+        history = self.history(None)
+        if not history:
+            return None
+        seqs = [
+            record.seq
+            for entry in history
+            if (record := parse_user_metadata(entry.get("userMetadata"), self.pipeline_id))
+        ]
+        versions = [int(e["version"]) for e in history]  # type: ignore[call-overload]
+        if min(versions) == 0:
+            return max(seqs) if seqs else None
+        return max([*seqs, max(versions) + 1])
 
     def commit_copy(self, seq: int) -> StoredOffsets | None:
         return self.copies.read(seq) if self.copies is not None else None
@@ -79,7 +107,7 @@ class DeltaSparkLog:
     ) -> dict[tuple[str, int], int] | None:
         from pyspark.sql import functions as F
 
-        frame = self.table.toDF()
+        frame = self.table.frame()
         if not {"topic", "partition", "offset"} <= set(frame.columns):
             return None
         if topics is not None:
@@ -93,43 +121,20 @@ class DeltaSparkLog:
 
 
 class TableLogReader:
-    """One table's log as the delta-spark sink and its offset store read it (see the module
-    docstring): a fresh delta-rs snapshot at each read (as the delta-rs sink reads its table:
-    nothing carried over from a table replaced since), or Spark's history when delta-rs
-    cannot open the table."""
+    """One table's log as the delta-spark sink and its offset store read it: the table as it
+    is at each read (nothing carried over from a table replaced since)."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        table_uri: str,
-        copies: CommitCopies,
-        storage_options: dict[str, str] | None = None,
-    ) -> None:
-        self.spark = spark
-        self.table_uri = table_uri
+    def __init__(self, table: SparkTable, pipeline_id: str, copies: CommitCopies | None) -> None:
+        self.table = table
+        self.pipeline_id = pipeline_id
         self.copies = copies
-        self.storage_options = dict(storage_options or {})
-        # Why delta-rs cannot read this table, once it failed to: Spark reads it from then on.
-        self.spark_only: str | None = None
 
     def read(self) -> TableLog | None:
-        """The log as it is now; None when there is no Delta table at the location."""
-        if self.spark_only is None:
-            try:
-                snapshot = open_table(self.table_uri, self.storage_options)
-            except Exception as exc:  # a reader feature, a scheme or a credential delta-rs lacks
-                self.spark_only = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                log.warning(
-                    "delta-rs cannot read the log of %s (%s): Spark reads it, one query a read",
-                    self.table_uri,
-                    self.spark_only,
-                )
-            else:
-                return None if snapshot is None else DeltaRsLog(snapshot, self.copies.read)
-        table = delta_table(self.spark, self.table_uri)
-        if table is None:
+        """The log as it is now; None when the table does not exist."""
+        handle = self.table.delta()
+        if handle is None:
             return None
-        return DeltaSparkLog(table, self.table_uri, self.copies, self.storage_options)
+        return DeltaSparkLog(self.table, self.pipeline_id, self.copies, handle)
 
 
 def newest_stored_in(
@@ -153,13 +158,14 @@ class DeltaSparkOffsetStore:
         table_uri: str,
         pipeline_id: str,
         storage_options: dict[str, str] | None = None,
+        *,
+        checkpoint: str,
     ) -> None:
         self.spark = spark
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
-        self.storage_options = dict(storage_options or {})
-        self.copies = CommitCopies(spark, table_uri, pipeline_id)
-        self.reader = TableLogReader(spark, table_uri, self.copies, self.storage_options)
+        self.copies = CommitCopies(table_uri, checkpoint, pipeline_id, storage_options)
+        self.reader = TableLogReader(SparkTable(spark, table_uri), pipeline_id, self.copies)
 
     def read(
         self, partitions: Callable[[], Mapping[str, list[int]]] | None = None
@@ -167,8 +173,12 @@ class DeltaSparkOffsetStore:
         stored = newest_stored_in(self.reader, self.pipeline_id, partitions)
         if stored is not None:
             # A crash between a commit and its copy left none: keep it now, while the log
-            # still holds the commit.
-            self.copies.ensure(stored)
+            # still holds the commit. A hint: a side folder that cannot be written is said,
+            # never a failed start.
+            try:
+                self.copies.ensure(stored)
+            except Exception as exc:
+                log.warning("cannot keep the copy of commit %d: %s", stored.seq, exc)
         return stored
 
     def commit_version(self, app_id: str) -> int | None:

@@ -28,15 +28,20 @@ Idempotence (I2): a replay is recognised before writing from the identity ``(app
 batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
 same checkpoint that commits the batch first makes this one a replay too.
 
-Reading the log: the check and the read-back read the pipeline's commits through
-:class:`.offset_store.TableLogReader` (delta-rs, no Spark job; Spark only for a table delta-rs
-cannot open). The rows a commit wrote come from its own ``operationMetrics`` (read back with
-it), so an append runs one Spark job: the write.
+Through Spark alone (I14): the table is reached by catalog name or by path through
+:class:`.table.SparkTable` (``DeltaTable.forName``/``forPath``, ``saveAsTable``/``save``); the
+check and the read-back read the pipeline's commits from the table's history
+(:class:`.offset_store.TableLogReader`), never its txn actions, which Spark cannot read (why
+replay, fencing and a new checkpoint need none: :mod:`.offset_store`). A table by name that does
+not exist is created before its first write (``DeltaTable.createIfNotExists``). The rows a
+commit wrote come from its own ``operationMetrics`` (read back with it), so an append runs one
+Spark job: the write.
 
 Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
 per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
-the sink keeps a copy of the commit's record beside the table, named by its fence seq, which
-the offset store reads when the log no longer holds the commit (:mod:`.commit_copies`).
+the sink keeps a copy of the commit's record beside the checkpoint (never in the table's
+folder), named by its fence seq, which the offset store reads when the log no longer holds the
+commit (:mod:`.commit_copies`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
@@ -59,14 +65,21 @@ from kafka_delta.offsets.model import (
 )
 from kafka_delta.offsets.stored import read_stored
 from kafka_delta.runtime.faults import crash_point
-from kafka_delta.sinks.dead_letters import split_dead_letters_df
+from kafka_delta.sinks.dead_letters import (
+    POSITION,
+    TOPIC_ID,
+    TopicIds,
+    held_among,
+    split_dead_letters_df,
+)
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 from kafka_delta.sinks.delta_spark.narrowing import (
     fit_to_table,
     narrower_columns,
     widen_columns,
 )
-from kafka_delta.sinks.delta_spark.offset_store import TableLogReader, delta_table
+from kafka_delta.sinks.delta_spark.offset_store import TableLogReader
+from kafka_delta.sinks.delta_spark.table import SparkTable
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
 log = logging.getLogger(__name__)
@@ -142,13 +155,18 @@ class DeltaSparkSink:
         pipeline_id: str,
         mode: WriteMode | None = None,
         storage_options: dict[str, str] | None = None,
+        *,
+        checkpoint: str,
     ) -> None:
+        """``table_uri``: a path or a catalog name (:mod:`kafka_delta.table_names`);
+        ``checkpoint``: the run's checkpoint, beside which the commit copies are kept."""
         self.spark = spark
         self.table_uri = table_uri
         self.pipeline_id = pipeline_id
         self.mode = mode or WriteMode()
-        self.copies = CommitCopies(spark, table_uri, pipeline_id)
-        self.reader = TableLogReader(spark, table_uri, self.copies, storage_options)
+        self.table = SparkTable(spark, table_uri)
+        self.copies = CommitCopies(table_uri, checkpoint, pipeline_id, storage_options)
+        self.reader = TableLogReader(self.table, pipeline_id, self.copies)
         # What :meth:`check` read for a batch (its identity, whether the table exists, stored
         # offsets), for :meth:`commit_batch` of the same batch.
         self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
@@ -162,14 +180,14 @@ class DeltaSparkSink:
         table's column first, by a commit of its own (:func:`.narrowing.widen_columns`); without
         schema evolution it goes into the table's column where each value fits, its other rows
         dead letters (:func:`.narrowing.fit_to_table`)."""
-        table = delta_table(self.spark, self.table_uri)
+        table = self.table.delta()
         schema = None if table is None else table.toDF().schema
         if (
             schema is not None
             and self.mode.add_columns
-            and widen_columns(self.spark, self.table_uri, table, schema, out.schema)
+            and widen_columns(self.spark, self.table, table, schema, out.schema)
         ):
-            schema = delta_table(self.spark, self.table_uri).toDF().schema
+            schema = self.table.frame().schema
         if schema is not None and narrower_columns(out.schema, schema, widening=False):
             out = fit_to_table(out, schema, widening=False, why="delta.schema_evolution is fail")
         return split_dead_letters_df(out)
@@ -253,7 +271,7 @@ class DeltaSparkSink:
         try:
             if count:
                 merge = merge_builder(
-                    delta_table(self.spark, self.table_uri).alias("t"),
+                    self.table.delta().alias("t"),
                     frame,
                     merge_clauses(self.mode, frame.columns),
                     self.mode.merge_predicate(),
@@ -265,13 +283,17 @@ class DeltaSparkSink:
                 # still commit its offsets (their deletes delete nothing; `_op` is no column).
                 if self.mode.kind == "upsert":
                     frame = upserted_frame(frame)
+                if not exists:
+                    # By name, the catalog's table is made first (its columns, the sink's
+                    # properties); by path the append below creates it.
+                    self.table.create_if_missing(frame.schema)
                 writer = (
                     frame.write.format("delta").mode("append").options(**append_options(commit))
                 )
                 if self.mode.add_columns:
                     # New columns join the table in the batch's own commit.
                     writer = writer.option("mergeSchema", "true")
-                writer.save(self.table_uri)
+                self.table.save(writer)
         except Exception as exc:
             if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
                 raise
@@ -285,7 +307,10 @@ class DeltaSparkSink:
             assert after.delta_version is not None
             # Only now, with the commit read back as this batch's, is the copy written.
             crash_point("before_commit_copy")
-            self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
+            try:
+                self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
+            except Exception as exc:  # a hint: the next start writes it from the log again
+                log.warning("cannot keep the copy of commit %d: %s", commit.seq, exc)
             if count is None:
                 count = self._rows_committed(after.delta_version, frame)
             return SinkResult(written=True, rows=count, delta_version=after.delta_version)
@@ -301,3 +326,23 @@ class DeltaSparkSink:
             f"{after.describe() if after is not None else 'missing'}, not this batch (commit "
             f"{commit.seq} of {commit.app_id}). {RESTART}"
         )
+
+    def positions_held(
+        self,
+        table_uri: str,
+        storage_options: dict[str, str] | None,
+        dead: pa.Table,
+        topic_ids: TopicIds = None,
+    ) -> set[tuple[str, int, int]]:
+        """As :func:`kafka_delta.sinks.dead_letters.positions_held`, for this sink's table
+        (the dead-letter table), read through Spark: the position columns of the rows at the
+        dead letters' offsets."""
+        from pyspark.sql import functions as F
+
+        if dead.num_rows == 0 or not self.table.exists():
+            return set()
+        frame = self.table.frame()
+        offsets = sorted(set(dead.column("offset").to_pylist()))
+        columns = [*POSITION, TOPIC_ID] if TOPIC_ID in frame.columns else POSITION
+        rows = frame.filter(F.col("offset").isin(offsets)).select(*columns).collect()
+        return held_among([row.asDict() for row in rows], dead, topic_ids)
