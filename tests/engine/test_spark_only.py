@@ -27,6 +27,11 @@ ENGINE = PROJECT / "src" / "kafka_delta"
 # builds them, the commands as they run on a delta-spark sink, every module of offsets/, the
 # run lease and the side folder. Everything they import from kafka_delta is scanned too.
 ENTRIES = (
+    "kafka_delta.cli",
+    "kafka_delta.pipeline",
+    "kafka_delta.routing",
+    "kafka_delta.sources.spark_kafka",
+    "kafka_delta.sources.embedded",
     "kafka_delta.sinks.delta_spark.sink",
     "kafka_delta.sinks.delta_spark.offset_store",
     "kafka_delta.sinks.delta_spark.commit_copies",
@@ -61,12 +66,9 @@ EMBEDDED_BRANCHES = {
         "positions_held, used only for a sink without a reader of its own (delta-rs)"
     ),
 }
-# The sources read Kafka, not Delta: whether they run on a Spark Connect session is the Connect
-# suite's to prove (SPARK_REMOTE), not this scan's. (importer, imported): why.
-NOT_DELTA = {
-    ("kafka_delta.engine_factory", "kafka_delta.sources.embedded"): "the embedded Kafka source",
-    ("kafka_delta.engine_factory", "kafka_delta.sources.spark_kafka"): "Spark's kafka source",
-}
+# The sources are scanned too: under Spark Connect (serverless, standard access) the whole run
+# goes without a SparkContext, not only its Delta access. (importer, imported): why.
+NOT_DELTA: dict[tuple[str, str], str] = {}
 # The same, for `deltalake` itself in a cluster-path module: (module, function): why.
 EMBEDDED_DELTALAKE = {
     ("kafka_delta.commands.reset", "commit_reset"): "the delta-rs sink's reset commit",
@@ -75,16 +77,17 @@ EMBEDDED_DELTALAKE = {
 # runtime/ helpers (the lead's) that touch sparkContext only as a classic-session optimization,
 # guarded so that a Spark Connect session skips it: module: why.
 KNOWN_RUNTIME = {
-    "kafka_delta.runtime.connectors": (
-        "missing_connectors asks a classic session's JVM whether the jars load; under Spark "
-        "Connect it reports nothing missing"
-    ),
     "kafka_delta.runtime.spark_session": (
-        "build_spark sets a classic session's log level; guarded, skipped under Spark Connect"
+        "a classic session's log level, default parallelism and local properties; each behind "
+        "is_connect(spark), which a Spark Connect session takes the other way"
     ),
     "kafka_delta.runtime.graceful_stop": (
         "forward_from_jvm hands the JVM's stop signal to Python on a classic session; guarded, "
         "returns False under Spark Connect"
+    ),
+    "kafka_delta.runtime.python_workers": (
+        "warm_up starts a classic session's Python workers before the first batch; guarded, "
+        "does nothing under Spark Connect (the workers live with the server)"
     ),
 }
 

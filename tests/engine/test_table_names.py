@@ -115,6 +115,22 @@ def test_a_name_in_the_config_stays_a_name_for_the_cluster_sink_and_writes_no_fo
     assert not any(p.name.endswith("orders") for p in tmp_path.rglob("*"))
 
 
+def test_the_start_up_checks_take_a_name_for_a_table_not_for_a_folder_of_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks before Spark starts look at local folders only: a file that happens to bear
+    the table's name in the working folder is no reason to refuse a catalog table."""
+    from kafka_delta.runtime.preflight import check_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default.kd_orders").write_text("not a table")
+    data = _base("delta_spark")
+    data["delta"]["table"] = "default.kd_orders"
+    cfg = load_config(_write(tmp_path, data))
+
+    check_paths(cfg)  # raised "default.kd_orders is a file, not a folder" before
+
+
 @pytest.mark.parametrize(
     ("where", "value"),
     [

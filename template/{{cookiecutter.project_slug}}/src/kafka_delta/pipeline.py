@@ -69,7 +69,7 @@ from kafka_delta.routing import (
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
-from kafka_delta.runtime.spark_session import is_connect
+from kafka_delta.runtime.spark_session import is_connect, streaming_query_id
 from kafka_delta.sinks.dead_letters import DeadLetterError, DeadLetterQueue
 from kafka_delta.sinks.upsert import latest_per_key
 
@@ -654,11 +654,7 @@ class Pipeline:
     def _query_id(self, df: DataFrame) -> str:
         """The checkpoint's query id: Spark's local property inside foreachBatch, else (Spark
         Connect has no SparkContext) the id stored in the checkpoint's metadata file."""
-        try:
-            query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-        except Exception:
-            query_id = None
-        return query_id or self.checkpoint.query_id() or ""
+        return streaming_query_id(df.sparkSession) or self.checkpoint.query_id() or ""
 
     def _batch_start(self, batch_id: int, end: Offsets) -> Offsets:
         """Where the batch really begins, as the checkpoint planned it: the previous batch's

@@ -13,6 +13,7 @@ from pathlib import Path
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError
 from kafka_delta.recovery.checkpoint import local_path
+from kafka_delta.table_names import is_table_name
 
 # Long enough for a broker across a slow network to answer a metadata request, short enough
 # that an unreachable one is reported within 15 s of the start.
@@ -42,6 +43,8 @@ def check_paths(config: PipelineConfig) -> None:
             paths.append((f"{where}dead_letters.table", view.dead_letter_table))
     paths.append(("checkpoint", config.checkpoint))
     for key, location in paths:
+        if is_table_name(location):  # a catalog table, no folder of this machine's
+            continue
         path = local_path(location)
         if path is not None:
             _check_folder(key, location, path)

@@ -41,12 +41,11 @@ def _importer(modules: Sequence[str]) -> Any:
 def warm_up(spark: SparkSession, modules: Sequence[str]) -> threading.Thread | None:
     """Start the workers that will import ``modules``, one per core, in a background thread
     (returned, already started); None when there is nothing to warm."""
-    if not modules:
+    from kafka_delta.runtime.spark_session import is_connect
+
+    if not modules or is_connect(spark):  # Spark Connect: the workers live with the server
         return None
-    try:
-        tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    except Exception:  # Spark Connect: no SparkContext, workers live elsewhere
-        return None
+    tasks = max(1, int(spark.sparkContext.defaultParallelism))
 
     def run() -> None:
         try:

@@ -115,3 +115,13 @@ def default_parallelism(spark: object) -> int:
     if master == "local":
         return 1
     return CONNECT_PARALLELISM
+
+
+def streaming_query_id(spark: object) -> str | None:
+    """Inside ``foreachBatch`` on a classic session, the running query's id (Spark's local
+    property, which equals the id in the checkpoint's ``metadata`` file); None under Spark
+    Connect, which has no SparkContext to ask (the caller reads the checkpoint instead)."""
+    if is_connect(spark):
+        return None
+    context = spark.sparkContext  # type: ignore[attr-defined]
+    return context.getLocalProperty("sql.streaming.queryId") or None
