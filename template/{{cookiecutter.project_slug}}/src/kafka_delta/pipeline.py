@@ -287,7 +287,28 @@ class Pipeline:
     def __getstate__(self) -> dict[str, object]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DRIVER_ONLY}
         state["checkpoint"] = CheckpointLog(None, self.config.checkpoint, lazy_spark=True)
+        # The engines hold this process's session (the delta-spark sink, its tables): the
+        # batch function's process builds its own on its own session (_bind), keeping where
+        # each table stands.
+        state["tables"] = [replace(run, engine=None, dead_letters=None) for run in self.tables]
+        state["engine"] = state["dead_letters"] = None
         return state
+
+    def _bind(self, spark: SparkSession) -> None:
+        """In the Connect server's process, at the first batch: the session, and the engine
+        parts built on it, as the run's own process built them."""
+        self.spark = spark
+        self.checkpoint.spark = spark
+        source = build_source(self.config)
+        for run in self.tables:
+            run.engine = build_engine(spark, run.config, source=source)
+            run.dead_letters = DeadLetterQueue(
+                run.engine.dead_letter_sink,
+                run.engine.dead_letter_offsets,
+                run.config.delta.storage_options,
+            )
+        self.engine = self.tables[0].engine
+        self.dead_letters = self.tables[0].dead_letters
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -784,8 +805,7 @@ class Pipeline:
         """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
         stopped if a stop was requested (see :mod:`kafka_delta.runtime.graceful_stop`)."""
         if self.spark is None:  # in the Connect server's Python process
-            self.spark = df.sparkSession
-            self.checkpoint.spark = df.sparkSession
+            self._bind(df.sparkSession)
         self._gate.enter()
         succeeded = False
         try:
