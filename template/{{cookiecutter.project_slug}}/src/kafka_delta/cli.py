@@ -170,6 +170,7 @@ _EXPECTED = {
     # delta.schema_evolution: fail; a schema file or registry answer that cannot be used.
     "SchemaIncompatibleError": EXIT_REFUSED,
     "SchemaChangedError": EXIT_REFUSED,
+    "MessageSeenError": EXIT_REFUSED,
     "SchemaFileError": EXIT_REFUSED,
     "SchemaMismatchError": EXIT_REFUSED,
     "RegistryUnavailableError": EXIT_UNAVAILABLE,

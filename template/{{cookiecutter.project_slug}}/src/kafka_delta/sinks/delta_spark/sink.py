@@ -152,6 +152,10 @@ class DeltaSparkSink:
     def worker_modules(self) -> tuple[str, ...]:
         return ()  # delta-spark writes in the JVM
 
+    def columns(self) -> tuple[str, ...] | None:
+        table = delta_table(self.spark, self.table_uri)
+        return None if table is None else tuple(table.toDF().schema.fieldNames())
+
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark.
         A number column wider than the table's (a producer's int became long) goes into the
