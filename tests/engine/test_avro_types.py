@@ -314,6 +314,39 @@ def test_a_union_member_is_the_branch_written_not_the_one_the_value_would_fit(
     assert [r["d"] for r in rows] == [{"member0": 7, "member1": None}] * 3
 
 
+def test_an_avro_schema_reference_stops_the_start_up_naming_the_type(schema_registry) -> None:
+    """What the README's known limits say: Avro references (a named type registered under
+    another subject) are not resolved; Protobuf imports are (test_protobuf_types.py::
+    test_imports_resolve_through_the_registrys_references)."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+    from kafka_delta.config import DecodingConfig
+    from kafka_delta.decoding.resolve import decode_spec
+    from kafka_delta.decoding.spec import SchemaFileError
+
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    money = {
+        "type": "record",
+        "name": "Money",
+        "namespace": "ref",
+        "fields": [{"name": "cents", "type": "long"}],
+    }
+    client.register_schema("ref.Money", Schema(json.dumps(money), "AVRO"))
+    order = {
+        "type": "record",
+        "name": "Order",
+        "namespace": "ref",
+        "fields": [{"name": "price", "type": "ref.Money"}],
+    }
+    reference = SchemaReference("ref.Money", "ref.Money", 1)
+    client.register_schema("avro-ref-value", Schema(json.dumps(order), "AVRO", [reference]))
+    decoding = DecodingConfig.model_validate(
+        {"value": {"format": "avro"}, "schema_registry": {"url": schema_registry.url}}
+    )
+
+    with pytest.raises(SchemaFileError, match=r"unknown Avro type 'ref\.Money'"):
+        decode_spec(None, decoding, ["avro-ref"])  # type: ignore[arg-type]
+
+
 def test_another_subjects_schema_is_a_dead_letter_naming_its_id_and_subject(
     schema_registry,
 ) -> None:
