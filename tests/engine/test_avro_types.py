@@ -313,6 +313,37 @@ def test_a_union_member_is_the_branch_written_not_the_one_the_value_would_fit(
     # A default is of the union's first branch: 7 in the long, though an int holds it.
     assert [r["d"] for r in rows] == [{"member0": 7, "member1": None}] * 3
 
+    # With a map branch (a map {"int": 3} looks like an int's wrapper) or a record branch.
+    mixed = {
+        "type": "record",
+        "name": "Mixed",
+        "fields": [
+            {"name": "mp", "type": ["null", "int", "long", {"type": "map", "values": "int"}]},
+            {
+                "name": "rc",
+                "type": [
+                    "null",
+                    "long",
+                    {"type": "record", "name": "Rec", "fields": [{"name": "x", "type": "int"}]},
+                    "int",
+                ],
+            },
+        ],
+    }
+    written = [
+        {"mp": ("long", 5), "rc": ("int", 6)},
+        {"mp": {"int": 3}, "rc": ("Rec", {"x": 1})},
+    ]
+    values = serialize(url, "avro-types-twins-mixed", mixed, written)
+
+    rows = decode(url, union_schemas([avro_to_arrow(mixed)]), values)
+
+    assert [r["_error"] for r in rows] == [None, None]
+    assert rows[0]["mp"] == {"member0": None, "member1": 5, "member2": None}
+    assert rows[1]["mp"] == {"member0": None, "member1": None, "member2": [("int", 3)]}
+    assert rows[0]["rc"] == {"member0": None, "member1": None, "member2": 6}
+    assert rows[1]["rc"] == {"member0": None, "member1": {"x": 1}, "member2": None}
+
 
 def test_an_avro_schema_reference_stops_the_start_up_naming_the_type(schema_registry) -> None:
     """What the README's known limits say: Avro references (a named type registered under

@@ -370,7 +370,8 @@ class _Mapper:
                 if value is not None and len(non_null) > 1 and _named(b):
                     return (self.branch_key(b, namespace)[1], value)
                 if value is not None and _primitive_kind(b) in twins:
-                    return (_WRAPPED[_primitive_kind(b)], {"v": value})  # as fastavro reads it
+                    kind = _primitive_kind(b)  # as fastavro reads it, tagged
+                    return (_WRAPPED[kind], {kind: value})
                 return value
             raise ValueError(f"the default {d!r} is of no branch of {t!r}")
         if isinstance(t, str):
@@ -505,7 +506,7 @@ def _plain(value: Any) -> Any:
     """A fastavro value as Avro's JSON encoding holds it."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
         if value[0] in _BRANCH_OF:  # a twin primitive's branch, read as a record (plain_schema)
-            return {_BRANCH_OF[value[0]]: _plain(value[1]["v"])}
+            return _plain(value[1])
         return {value[0]: _plain(value[1])}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -536,23 +537,28 @@ def _union_prep(
 ) -> Callable[[Any], Any]:
     """A value of a multi-type union as {"member<i>": value} of its branch. fastavro reads a
     named branch as (full name, value), and an int or long (float or double) branch of a union
-    that has both as (its wrapper's name, {"v": value}) (see :func:`plain_schema`): the branch
-    written, which the value alone cannot tell. The other branches come back as Python values
-    whose type says the branch."""
+    that has both as {kind: value} (see :func:`plain_schema`; with named-type tags, as (its
+    wrapper's name, {kind: value})): the branch written, which the value alone cannot tell. The
+    other branches come back as Python values whose type says the branch."""
     names = {full: i for i, (_, full) in enumerate(keys) if full is not None}
     twins = _twin_kinds(kind for kind, full in keys if full is None)
-    wrapped = {_WRAPPED[k]: i for i, (k, full) in enumerate(keys) if full is None and k in twins}
-    names.update(wrapped)
+    mine = {k: i for i, (k, full) in enumerate(keys) if full is None and k in twins}
+    names.update({_WRAPPED[k]: i for k, i in mine.items()})
     by_kind: dict[str, list[int]] = {}
     for i, (kind, full) in enumerate(keys):
         if full is None:
             by_kind.setdefault(kind, []).append(i)
+    untagged = {} if "map" in by_kind else mine  # a map's dict would be ambiguous: tagged
     ints = by_kind.get("int", []) + by_kind.get("long", [])
     floats = by_kind.get("float", []) + by_kind.get("double", [])
 
     def branch(value: Any) -> int:
         if isinstance(value, tuple) and len(value) == 2 and value[0] in names:
             return names[value[0]]
+        if untagged and isinstance(value, dict) and len(value) == 1:
+            found = untagged.get(next(iter(value)))
+            if found is not None:
+                return found
         if isinstance(value, bool):
             return by_kind["boolean"][0]
         if isinstance(value, int):
@@ -583,7 +589,9 @@ def _union_prep(
         except (KeyError, IndexError):
             raise ValueError(f"a {type(value).__name__} matches no branch of the union") from None
         if isinstance(value, tuple):
-            value = value[1]["v"] if value[0] in wrapped else value[1]
+            value = value[1]
+        if keys[i][1] is None and keys[i][0] in mine:
+            value = value[keys[i][0]]
         p = preps[i]
         return {f"member{i}": p(value) if p is not None else value}
 
@@ -597,9 +605,10 @@ _NEVER = {"type": "fixed", "name": "kafka_delta.never_written", "size": 0}
 # Avro's twin primitives: a value of one is a value of the other (600 is an int and a long).
 _TWINS = (("int", "long"), ("float", "double"))
 # The record each twin branch is read as: a record of one field is encoded as that field, so
-# the bytes read the same, and fastavro names the branch it read.
+# the bytes read the same, and the field's name (the kind) says the branch fastavro read.
 _WRAPPED = {kind: f"kafka_delta.branch_{kind}" for pair in _TWINS for kind in pair}
 _BRANCH_OF = {name: kind for kind, name in _WRAPPED.items()}
+_TAGS = ""  # in _plain_in's state (no name is empty): a union needs named-type tags
 
 
 def _twin_kinds(kinds: Any) -> set[str]:
@@ -622,9 +631,11 @@ def plain_schema(schema: Any) -> Any:
     returns their values as (name, value) while ``["null", record]`` stays a plain value.
 
     A union with both ``int`` and ``long`` (or ``float`` and ``double``) branches has those
-    branches read as records of one field ``v`` named :data:`_WRAPPED` (same bytes): fastavro
-    then returns the branch written (600 written as a long is the long's, though an int holds
-    it), which neither the value nor fastavro's plain read says."""
+    branches read as records :data:`_WRAPPED` of one field named after the kind (same bytes):
+    fastavro then returns the branch written, ``{"long": 600}`` (600 written as a long is the
+    long's, though an int holds it), which neither the value nor fastavro's plain read says;
+    the plain call suffices unless the union has a map branch too (whose dict could look the
+    same: then named-type tags tell them apart)."""
     return plain_schema_tagged(schema)[0]
 
 
@@ -633,12 +644,13 @@ def plain_schema_tagged(schema: Any) -> tuple[Any, bool]:
     schema without such a union reads with fastavro's plain, faster call."""
     state: dict[str, bool] = {}
     plain = _plain_in(copy.deepcopy(schema), state)
-    return plain, bool(state)
+    return plain, bool(state.get(_TAGS))
 
 
 def _plain_in(t: Any, state: dict[str, bool]) -> Any:
     """``state`` holds the names defined so far (a named type is defined once, where fastavro
-    meets it first, then used by name: this walk follows fastavro's order)."""
+    meets it first, then used by name: this walk follows fastavro's order), and :data:`_TAGS`
+    when a union needs fastavro's named-type tags."""
     if isinstance(t, list):
         twins = _twin_kinds(_primitive_kind(b) for b in t)
         out = []
@@ -649,8 +661,11 @@ def _plain_in(t: Any, state: dict[str, bool]) -> Any:
             else:
                 out.append(_plain_in(b, state))
         non_null = [b for b in t if b != "null"]
-        if len(non_null) > 1 and not twins and any(_named(b) for b in non_null):
+        named = len(non_null) > 1 and any(_named(b) for b in non_null)
+        if named and not twins:  # the wrappers already make it a union of several names
             out.append(_defined(state, _NEVER["name"], None))
+        if named or (twins and any(_kind_of(b) == "map" for b in non_null)):
+            state[_TAGS] = True
         return out
     if not isinstance(t, dict):
         return t
@@ -677,7 +692,11 @@ def _defined(state: dict[str, bool], name: str, kind: str | None) -> Any:
     state[name] = True
     if kind is None:
         return dict(_NEVER)
-    return {"type": "record", "name": name, "fields": [{"name": "v", "type": kind}]}
+    return {"type": "record", "name": name, "fields": [{"name": kind, "type": kind}]}
+
+
+def _kind_of(b: Any) -> Any:
+    return b.get("type") if isinstance(b, dict) else b
 
 
 def _named(b: Any) -> bool:
