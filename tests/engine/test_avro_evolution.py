@@ -46,7 +46,7 @@ from kafka_delta.pipeline import Pipeline
 from kafka_delta.sinks.delta_rs.file_writer import wider_type
 from kafka_delta_dev.produce import produce_values
 from support import assert_exactly_once, run_until_crash, table_ids
-from test_avro_generated import _avro_value, _column_value
+from test_avro_generated import Written, _avro_value, _column_value
 from test_avro_generated import avro_types as generated_types
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -485,7 +485,7 @@ _ADDED = ["int", "long", "string", "boolean", "double", "nullable", "array", "en
 @dataclass(frozen=True)
 class GenField:
     """A field of one version: its Avro type, a strategy of its values (as
-    test_avro_generated's: union values tagged (branch, value)), the column value of a value,
+    test_avro_generated's: union values :class:`Written`), the column value of a value,
     and its default (``NO_DEFAULT`` when none)."""
 
     name: str
@@ -514,7 +514,10 @@ def _enum_field(name: str, enum_name: str, symbols: list[str]) -> GenField:
 
 def _union_field(name: str, branches: list[str]) -> GenField:
     tagged = st.one_of(
-        *[_UNION_VALUES[b].map(lambda v, i=i: (i, v)) for i, b in enumerate(branches)]
+        *[
+            _UNION_VALUES[b].map(lambda v, i=i, b=b: Written(i, b, v))
+            for i, b in enumerate(branches)
+        ]
     )
     return GenField(name, "union", ["null", *branches], st.none() | tagged, lambda v: v, None, True)
 
@@ -762,7 +765,7 @@ def _expected(chain: dict[str, Any], j: int, k: int, name: str, record: dict, co
         value = record[name]
         if f.kind != "union" or value is None:
             return _column_value(f.expect(value))
-        branch, inner = value
+        branch, inner = value.index, value.value
         if is_union_column(column.type):
             return {f"member{branch}": inner}
         return inner if branch == 0 else _MUST_BE_DEAD

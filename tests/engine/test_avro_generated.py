@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ PRIMITIVES: dict[str, Any] = {
     "boolean": (st.booleans(), lambda v: v),
     "int": (INT32, lambda v: v),
     "long": (st.integers(-(2**63), 2**63 - 1), lambda v: v),
+    "float": (st.floats(allow_nan=False, width=32), lambda v: v),
     "double": (st.floats(allow_nan=False), lambda v: v),
     "string": (st.text(max_size=5), lambda v: v),
     "bytes": (st.binary(max_size=5), lambda v: v),
@@ -46,11 +48,17 @@ def _name() -> str:
 
 
 @st.composite
-def avro_types(draw: Any, depth: int = 0) -> tuple[Any, st.SearchStrategy, Any]:
-    """(an Avro type, a strategy of its values, the expected column value of a value)."""
+def avro_types(
+    draw: Any, depth: int = 0, twins: bool = False
+) -> tuple[Any, st.SearchStrategy, Any]:
+    """(an Avro type, a strategy of its values, the expected column value of a value). With
+    ``twins``, the type holds a union with int and long (or float and double) branches, at
+    any depth: in a record, an array, a map or bare."""
     kinds = ["primitive", "enum", "timestamp", "uuid"]
     if depth < 2:
         kinds += ["record", "array", "map", "optional", "union"]
+    if twins:
+        kinds = ["union"] if depth >= 2 else ["record", "array", "map", "optional", "union"]
     kind = draw(st.sampled_from(kinds))
     if kind == "primitive":
         name = draw(st.sampled_from(sorted(PRIMITIVES)))
@@ -68,7 +76,9 @@ def avro_types(draw: Any, depth: int = 0) -> tuple[Any, st.SearchStrategy, Any]:
     if kind == "uuid":
         return {"type": "string", "logicalType": "uuid"}, st.uuids().map(str), lambda v: v
     if kind == "record":
-        fields = draw(st.lists(avro_types(depth + 1), min_size=1, max_size=3))
+        fields = draw(st.lists(avro_types(depth + 1), min_size=0 if twins else 1, max_size=3))
+        if twins:
+            fields.insert(draw(st.integers(0, len(fields))), draw(avro_types(depth + 1, True)))
         schema = {
             "type": "record",
             "name": _name(),
@@ -78,39 +88,37 @@ def avro_types(draw: Any, depth: int = 0) -> tuple[Any, st.SearchStrategy, Any]:
         expects = [e for _, _, e in fields]
         return schema, values, lambda v: {f"f{i}": e(v[f"f{i}"]) for i, e in enumerate(expects)}
     if kind == "array":
-        t, v, e = draw(avro_types(depth + 1))
+        t, v, e = draw(avro_types(depth + 1, twins))
         return {"type": "array", "items": t}, st.lists(v, max_size=3), lambda x: [e(y) for y in x]
     if kind == "map":
-        t, v, e = draw(avro_types(depth + 1))
+        t, v, e = draw(avro_types(depth + 1, twins))
         return (
             {"type": "map", "values": t},
             st.dictionaries(st.text(max_size=3), v, max_size=3),
             lambda x: sorted((k, e(y)) for k, y in x.items()),
         )
     if kind == "optional":
-        t, v, e = draw(avro_types(depth + 1))
+        t, v, e = draw(avro_types(depth + 1, twins))
         if isinstance(t, list):
             return t, v, e
         return ["null", t], st.none() | v, lambda x: None if x is None else e(x)
-    # A multi-type union of distinct primitives: struct<member0, ...>.
-    names = draw(
-        st.lists(
-            st.sampled_from(["long", "double", "string", "boolean"]),
-            min_size=2,
-            max_size=3,
-            unique=True,
-        )
+    # A multi-type union of distinct primitives: struct<member0, ...>, the member the branch
+    # written. Twins (int and long, float and double) are drawn often: a value of one fits
+    # the other, so only the branch index in the bytes tells them apart.
+    pairs = st.sampled_from([["int", "long"], ["float", "double"], ["int", "long", "double"]])
+    others = st.lists(
+        st.sampled_from(["int", "long", "float", "double", "string", "boolean"]),
+        min_size=2,
+        max_size=3,
+        unique=True,
     )
-    # The serializer writes a value in the first branch that takes it (True in long, 1 in
-    # double): branches in this order make the branch drawn the branch written.
-    order = ["boolean", "long", "double", "string"]
-    names = sorted(names, key=order.index)
+    names = draw(st.permutations(draw(pairs if twins else pairs | others)))
     branches = [(i, n, *PRIMITIVES[n]) for i, n in enumerate(names)]
 
     @st.composite
-    def union_value(draw2: Any) -> Any:
-        i, _, values, _ = draw2(st.sampled_from(branches))
-        return (i, draw2(values))
+    def union_value(draw2: Any) -> Written:
+        i, name, values, _ = draw2(st.sampled_from(branches))
+        return Written(i, name, draw2(values))
 
     return (
         ["null", *names],
@@ -118,15 +126,25 @@ def avro_types(draw: Any, depth: int = 0) -> tuple[Any, st.SearchStrategy, Any]:
         lambda x: (
             None
             if x is None
-            else {f"member{j}": x[1] if j == x[0] else None for j in range(len(names))}
+            else {f"member{j}": x.value if j == x.index else None for j in range(len(names))}
         ),
     )
 
 
+@dataclass(frozen=True)
+class Written:
+    """A union's value and the branch the serializer is told to write it in (Avro's tuple
+    notation, ``(name, value)``), whichever other branch would take it too."""
+
+    index: int
+    name: str
+    value: Any
+
+
 def _avro_value(x: Any) -> Any:
-    """A generated value as the serializer takes it (union members are tagged (branch, value))."""
-    if isinstance(x, tuple):
-        return _avro_value(x[1])
+    """A generated value as the serializer takes it (a union's value as (branch, value))."""
+    if isinstance(x, Written):
+        return (x.name, _avro_value(x.value))
     if isinstance(x, dict):
         return {k: _avro_value(v) for k, v in x.items()}
     if isinstance(x, list):
@@ -150,7 +168,9 @@ def _column_value(x: Any) -> Any:
 @given(data=st.data())
 def test_generated_schemas_read_back_what_the_serializer_wrote(schema_registry, data) -> None:
     schema, values, expect = data.draw(
-        avro_types(0).filter(lambda t: isinstance(t[0], dict) and t[0].get("type") == "record")
+        avro_types(0, twins=data.draw(st.booleans())).filter(
+            lambda t: isinstance(t[0], dict) and t[0].get("type") == "record"
+        )
     )
     records = data.draw(st.lists(values, min_size=1, max_size=4))
     subject = f"gen-{next(_names)}"

@@ -263,6 +263,121 @@ def test_a_widened_union_lands_values_of_the_old_branch_and_sets_the_new_one_asi
     assert "'x'" in rows[2]["_error"] and "string" in rows[2]["_error"], rows[2]["_error"]
 
 
+def test_a_union_member_is_the_branch_written_not_the_one_the_value_would_fit(
+    schema_registry,
+) -> None:
+    """int and long (float and double) in one union: the member is the branch index in the
+    bytes. A long of 600 or a double of 0.5 fits the int (float) branch too, so a decoder
+    that picks the member from the value puts them in the wrong one."""
+    url = schema_registry.url
+    record = {
+        "type": "record",
+        "name": "Twins",
+        "fields": [
+            {"name": "i", "type": ["null", "int", "long"]},
+            {"name": "f", "type": ["null", "float", "double"]},
+            {"name": "a", "type": {"type": "array", "items": ["long", "int"]}},
+            {"name": "m", "type": {"type": "map", "values": ["double", "float", "string"]}},
+            {"name": "d", "type": ["long", "int"], "default": 7},
+        ],
+    }
+    v1 = {**record, "fields": record["fields"][:4]}
+    written = [
+        {"i": ("long", 600), "f": ("double", 0.5), "a": [("int", 1), ("long", 2)], "m": {}},
+        {"i": ("int", 600), "f": ("float", 0.5), "a": [], "m": {"k": ("float", 0.25)}},
+        {"i": None, "f": None, "a": [("long", -(2**40))], "m": {"k": ("double", 0.25)}},
+    ]
+    values = serialize(url, "avro-types-twins", v1, written)
+    reader = union_schemas([avro_to_arrow(v1), avro_to_arrow(record)])
+
+    rows = decode(url, reader, values)
+
+    assert [r["_error"] for r in rows] == [None] * 3
+    assert [r["i"] for r in rows] == [
+        {"member0": None, "member1": 600},
+        {"member0": 600, "member1": None},
+        None,
+    ]
+    assert [r["f"] for r in rows] == [
+        {"member0": None, "member1": 0.5},
+        {"member0": 0.5, "member1": None},
+        None,
+    ]
+    assert rows[0]["a"] == [
+        {"member0": None, "member1": 1},
+        {"member0": 2, "member1": None},
+    ]
+    assert rows[2]["a"] == [{"member0": -(2**40), "member1": None}]
+    assert rows[1]["m"] == [("k", {"member0": None, "member1": 0.25, "member2": None})]
+    assert rows[2]["m"] == [("k", {"member0": 0.25, "member1": None, "member2": None})]
+    # A default is of the union's first branch: 7 in the long, though an int holds it.
+    assert [r["d"] for r in rows] == [{"member0": 7, "member1": None}] * 3
+
+    # With a map branch (a map {"int": 3} looks like an int's wrapper) or a record branch.
+    mixed = {
+        "type": "record",
+        "name": "Mixed",
+        "fields": [
+            {"name": "mp", "type": ["null", "int", "long", {"type": "map", "values": "int"}]},
+            {
+                "name": "rc",
+                "type": [
+                    "null",
+                    "long",
+                    {"type": "record", "name": "Rec", "fields": [{"name": "x", "type": "int"}]},
+                    "int",
+                ],
+            },
+        ],
+    }
+    written = [
+        {"mp": ("long", 5), "rc": ("int", 6)},
+        {"mp": {"int": 3}, "rc": ("Rec", {"x": 1})},
+    ]
+    values = serialize(url, "avro-types-twins-mixed", mixed, written)
+
+    rows = decode(url, union_schemas([avro_to_arrow(mixed)]), values)
+
+    assert [r["_error"] for r in rows] == [None, None]
+    assert rows[0]["mp"] == {"member0": None, "member1": 5, "member2": None}
+    assert rows[1]["mp"] == {"member0": None, "member1": None, "member2": [("int", 3)]}
+    assert rows[0]["rc"] == {"member0": None, "member1": None, "member2": 6}
+    assert rows[1]["rc"] == {"member0": None, "member1": {"x": 1}, "member2": None}
+
+
+def test_an_avro_schema_reference_stops_the_start_up_naming_the_type(schema_registry) -> None:
+    """What the README's known limits say: Avro references (a named type registered under
+    another subject) are not resolved; Protobuf imports are (test_protobuf_types.py::
+    test_imports_resolve_through_the_registrys_references)."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+    from kafka_delta.config import DecodingConfig
+    from kafka_delta.decoding.resolve import decode_spec
+    from kafka_delta.decoding.spec import SchemaFileError
+
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    money = {
+        "type": "record",
+        "name": "Money",
+        "namespace": "ref",
+        "fields": [{"name": "cents", "type": "long"}],
+    }
+    client.register_schema("ref.Money", Schema(json.dumps(money), "AVRO"))
+    order = {
+        "type": "record",
+        "name": "Order",
+        "namespace": "ref",
+        "fields": [{"name": "price", "type": "ref.Money"}],
+    }
+    reference = SchemaReference("ref.Money", "ref.Money", 1)
+    client.register_schema("avro-ref-value", Schema(json.dumps(order), "AVRO", [reference]))
+    decoding = DecodingConfig.model_validate(
+        {"value": {"format": "avro"}, "schema_registry": {"url": schema_registry.url}}
+    )
+
+    with pytest.raises(SchemaFileError, match=r"unknown Avro type 'ref\.Money'"):
+        decode_spec(None, decoding, ["avro-ref"])  # type: ignore[arg-type]
+
+
 def test_another_subjects_schema_is_a_dead_letter_naming_its_id_and_subject(
     schema_registry,
 ) -> None:

@@ -225,6 +225,51 @@ def test_bad_records_are_dead_letters_each_with_its_reason(schema_registry) -> N
     assert errors[6] == "value is null"
 
 
+def test_a_record_without_its_writer_schemas_required_field_is_a_dead_letter(
+    schema_registry,
+) -> None:
+    """The serializer does not validate (Java's does not by default): a record without a
+    field its schema requires, or with null where the field's type takes no null, is a dead
+    letter naming the field; null in a required field whose type takes null lands. Each
+    record is held to the required fields of the schema it was written with."""
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    v1 = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "note": {"type": ["string", "null"]}},
+        "required": ["id", "note"],
+    }
+    v2 = {**v1, "required": ["id"]}  # note no longer required
+    records = serialize(
+        schema_registry.url,
+        topic,
+        v1,
+        [
+            {"id": 1, "note": "a"},
+            {"note": "b"},
+            {"id": None, "note": "c"},
+            {"id": 2, "note": None},
+            {"id": 3},
+        ],
+        validate=False,
+    )
+    records += serialize(schema_registry.url, topic, v2, [{"id": 4}, {"note": "d"}], validate=False)
+    reader = json_schema_to_arrow(v1)[0]
+
+    table, errors = decoder(schema_registry.url, reader).decode(
+        [v for v, _ in records], [h for _, h in records]
+    )
+
+    assert [errors[i] for i in (0, 3, 5)] == [None, None, None]
+    assert "required field 'id'" in errors[1] and "missing" in errors[1], errors[1]
+    assert "required field 'id'" in errors[2] and "is null" in errors[2], errors[2]
+    assert "required field 'note'" in errors[4] and "missing" in errors[4], errors[4]
+    assert "required field 'id'" in errors[6] and "missing" in errors[6], errors[6]
+    v1_id = int.from_bytes(records[0][0][1:5], "big")
+    assert f"of schema {v1_id}" in errors[1]
+    rows = table.to_pylist()
+    assert [(rows[i]["id"], rows[i]["note"]) for i in (0, 3, 5)] == [(1, "a"), (2, None), (4, None)]
+
+
 def test_a_writer_version_with_a_field_the_reader_lacks_stops_for_a_restart(
     schema_registry,
 ) -> None:

@@ -198,6 +198,49 @@ def test_a_file_of_independent_messages_takes_the_first_and_message_overrides(
     assert (rows[0]["sku"], rows[0]["qty"], rows[0]["_error"]) == ("a", 2, None)
 
 
+def test_records_of_another_message_than_the_default_restart_with_their_columns(
+    schema_registry,
+) -> None:
+    """Without `message:`, the file's default (Ping) is a guess: a batch whose frames all name
+    another message (Order, the file's second) raises MessageSeenError for it, and the spec
+    resolved with what was seen takes Order's columns; from then on Ping is the other message,
+    a dead letter that says which `message:` takes it, never a stop."""
+    from kafka_delta.decoding.failures import message_seen
+    from kafka_delta.decoding.spec import MessageSeenError
+
+    pool = message_classes(file_proto(TWO_ROOTS))
+    order, ping = message_class(pool, "tr.Order"), message_class(pool, "tr.Ping")
+    topic = topic_name()
+    orders = serialize(schema_registry.url, topic, [order(id=i, amount=i / 2) for i in range(3)])
+    pings = serialize(schema_registry.url, topic, [ping(seq=7)])
+
+    with pytest.raises(MessageSeenError) as seen:
+        decode(registry_spec(schema_registry.url, topic), orders)
+    assert message_seen(seen.value) == "tr.Order"
+    wrapped = RuntimeError(f"Traceback ...\nkafka_delta.MessageSeenError: {seen.value}\n")
+    assert message_seen(wrapped) == "tr.Order"  # as Spark reports a read task's failure
+
+    decoding = DecodingConfig.model_validate(
+        {"value": {"format": "protobuf"}, "schema_registry": {"url": schema_registry.url}}
+    )
+    spec = decode_spec(None, decoding, [topic], message_seen="tr.Order")  # type: ignore[arg-type]
+    assert spec is not None and spec.value.reader.names == ["id", "amount"]
+    # A run after: the existing table's columns name the message (the file's default too).
+    for columns, message in (
+        (["key", "topic", "offset", "id", "amount"], ["id", "amount"]),
+        (["key", "seq"], ["seq"]),
+    ):
+        found = decode_spec(None, decoding, [topic], table_columns=columns)  # type: ignore[arg-type]
+        assert found is not None and found.value.reader.names == message
+        assert found.value.message is not None  # pinned: other messages are dead letters
+    rows = decode(DecodeSpec.from_json(spec.to_json()), [*orders, *pings])
+    assert [(r["id"], r["amount"], r["_error"]) for r in rows[:3]] == [
+        (i, i / 2, None) for i in range(3)
+    ]
+    assert "carries message tr.Ping" in rows[3]["_error"]
+    assert "set decoding.value.message to tr.Ping" in rows[3]["_error"]
+
+
 def test_the_default_message_rule() -> None:
     def default(text: str) -> str:
         proto = file_proto(text)
@@ -513,3 +556,48 @@ def test_the_issues_second_message_lands_through_the_pipeline(
 
     rows = DeltaTable(cfg.delta.table).to_pyarrow_table().to_pylist()
     assert sorted((r["id"], r["home"]["city"]) for r in rows) == [(i, f"c{i}") for i in range(20)]
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_topic_of_the_files_second_message_lands_and_another_message_is_a_dead_letter(
+    spark, kafka_bootstrap, new_topics, make_config, schema_registry, sink_engine
+) -> None:
+    """The probes' case: a file of independent messages (Ping first), a topic of Order only,
+    no `message:`. The frames say Order: the table takes Order's columns. Pings produced later
+    beside more Orders, in every partition, are dead letters naming the `message:` that would
+    take them: the next run reads the table's message from its columns. Never a stop."""
+    from deltalake import DeltaTable
+    from kafka_delta.pipeline import Pipeline
+    from kafka_delta_dev.produce import produce_values
+
+    pool = message_classes(file_proto(TWO_ROOTS))
+    order, ping = message_class(pool, "tr.Order"), message_class(pool, "tr.Ping")
+    (topic,) = new_topics(1, partitions=2)
+    orders = serialize(schema_registry.url, topic, [order(id=i, amount=i / 2) for i in range(20)])
+    produce_values(kafka_bootstrap, topic, [(i % 2, v) for i, v in enumerate(orders)])
+    cfg = make_config([topic], engine=sink_engine, transform=None).with_overrides(
+        decoding={"value": {"format": "protobuf"}, "schema_registry": {"url": schema_registry.url}}
+    )
+
+    Pipeline(spark, cfg).run()
+
+    table = DeltaTable(cfg.delta.table).to_pyarrow_table()
+    assert "seq" not in table.column_names
+    assert sorted((r["id"], r["amount"]) for r in table.to_pylist()) == [
+        (i, i / 2) for i in range(20)
+    ]
+
+    pings = serialize(schema_registry.url, topic, [ping(seq=i) for i in range(2)])
+    more = serialize(schema_registry.url, topic, [order(id=i, amount=1.0) for i in range(20, 22)])
+    produce_values(
+        kafka_bootstrap, topic, [(0, pings[0]), (0, more[0]), (1, pings[1]), (1, more[1])]
+    )
+    Pipeline(spark, cfg).run()
+
+    ids = sorted(r["id"] for r in DeltaTable(cfg.delta.table).to_pyarrow_table().to_pylist())
+    assert ids == list(range(22))
+    assert cfg.dead_letter_table is not None
+    letters = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().to_pylist()
+    assert sorted(r["value"] for r in letters) == sorted(pings)
+    assert all("set decoding.value.message to tr.Ping" in r["error"] for r in letters), letters

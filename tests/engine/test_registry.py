@@ -461,6 +461,42 @@ def test_latest_with_metadata_answers_the_newest_version_whose_properties_match(
     assert int.from_bytes(data[1:5], "big") == second
 
 
+def test_latest_with_metadata_finds_properties_the_python_client_sends_percent_encoded(
+    client: SchemaRegistryClient, schema_registry
+) -> None:
+    """confluent-kafka's client quotes each key and value, and its HTTP library quotes the
+    query again: a space, a colon or a slash (``confluent:version``, ``shop team``) reached
+    the registry still encoded and matched nothing (404 on a subject that has the version)."""
+    from confluent_kafka.schema_registry import Metadata, MetadataProperties
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    def with_meta(schema: dict[str, Any], **properties: str) -> Schema:
+        metadata = Metadata(None, MetadataProperties(properties), None)
+        return Schema(json.dumps(schema), "AVRO", metadata=metadata)
+
+    name = subject()
+    props = {"owner": "shop team", "confluent:version": "1", "path": "a/b", "share": "50%"}
+    first = client.register_schema(name, with_meta(ORDER_V1, **props))
+    second = client.register_schema(name, with_meta(ORDER_V2, owner="web team"))
+
+    for key, value in props.items():
+        found = client.get_latest_with_metadata(name, {key: value})
+        assert (found.version, found.schema_id) == (1, first), key
+    assert client.get_latest_with_metadata(name, {"owner": "web team"}).schema_id == second
+    assert client.get_latest_with_metadata(name, props).version == 1
+    with pytest.raises(SchemaRegistryError) as none:
+        client.get_latest_with_metadata(name, {"owner": "shop%20team"})
+    assert (none.value.http_status_code, none.value.error_code) == (404, 40403)
+
+    serializer = AvroSerializer(
+        client,
+        conf={"auto.register.schemas": False, "use.latest.with.metadata": {"owner": "shop team"}},
+    )
+    record = {"id": 1, "event_type": "paid", "amount": 1.0}
+    data = serializer(record, _avro_ctx(name.removesuffix("-value")))
+    assert int.from_bytes(data[1:5], "big") == first
+
+
 def test_version_and_schema_errors_carry_confluents_codes(client: SchemaRegistryClient) -> None:
     name = subject()
     client.register_schema(name, avro(ORDER_V1))

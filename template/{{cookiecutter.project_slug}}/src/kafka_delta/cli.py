@@ -176,6 +176,7 @@ _EXPECTED = {
     # delta.schema_evolution: fail; a schema file or registry answer that cannot be used.
     "SchemaIncompatibleError": EXIT_REFUSED,
     "SchemaChangedError": EXIT_REFUSED,
+    "MessageSeenError": EXIT_REFUSED,
     "SchemaFileError": EXIT_REFUSED,
     "SchemaMismatchError": EXIT_REFUSED,
     # A table name whose catalog or schema does not exist, a path to a catalog-managed table,

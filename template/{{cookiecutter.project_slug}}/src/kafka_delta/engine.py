@@ -130,6 +130,10 @@ class Sink(Protocol):
         first batch, :mod:`.runtime.python_workers`); () when its tasks run no Python."""
         ...
 
+    def columns(self) -> tuple[str, ...] | None:
+        """The table's column names as they are now; None when there is no table yet."""
+        ...
+
 
 class OffsetStore(Protocol):
     def read(

@@ -26,7 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
-from kafka_delta.decoding.failures import registry_down, schema_changed
+from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
 from kafka_delta.engine import Engine, Sink, SinkResult
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
@@ -274,6 +274,9 @@ class Pipeline:
         self._writer_schema_ids: set[int] = set()
         # The tables whose transform output was checked for Kafka positions (once per run).
         self._positions_checked: set[str] = set()
+        # Protobuf without `message:`: the message the records were found to carry, the
+        # reader's from then on in this run (the file's default is a guess until then).
+        self._message_seen: str | None = None
 
     # -- Spark Connect: the batch function in the server's Python process -------------------
 
@@ -630,7 +633,15 @@ class Pipeline:
             # Only then: a project on raw bytes never imports the decoders' libraries.
             from kafka_delta.decoding.resolve import build_decode_spec
 
-            decode = build_decode_spec(self.spark, self.config, self._writer_schema_ids)
+            value = self.config.decoding.value
+            columns = (
+                self.engine.sink.columns()
+                if value.format == "protobuf" and not value.message and not self._message_seen
+                else None
+            )  # a table that exists says which protobuf message it takes
+            decode = build_decode_spec(
+                self.spark, self.config, self._writer_schema_ids, self._message_seen, columns
+            )
         # Until the first batch's tasks run, the executors are idle (the driver registers the
         # source, starts the query, plans the batch): start their Python workers meanwhile.
         warm_up(
@@ -1171,6 +1182,8 @@ class Pipeline:
 
         - the producers' schema gained fields (delta.schema_evolution: add_columns): the
           query restarts with a reader schema that holds them; the sink adds the columns;
+        - Protobuf records carry another message than the file's default the reader guessed
+          (no ``message:``): the query restarts with the columns of the message they carry;
         - the Schema Registry is unreachable: the query restarts after a wait that grows,
           until the waits are used up (then the run stops with the registry's sentence);
         - Kafka is unavailable (:mod:`kafka_delta.kafka.outage`): the same, until the outage
@@ -1190,6 +1203,19 @@ class Pipeline:
                 "restarting the query with them (delta.schema_evolution: add_columns)",
                 ", ".join(fields),
                 "" if schema_id is None else f" (schema id {schema_id})",
+            )
+            return True
+        seen = message_seen(exc)
+        if seen is not None:
+            if self._message_seen is not None:
+                return False  # the reader already follows the records: never loop
+            self._message_seen = seen
+            log.warning(
+                "the records carry protobuf message %s, not the file's default the columns "
+                "were made from: the batch was not committed; restarting the query with the "
+                "columns of %s (set decoding.value.message to choose)",
+                seen,
+                seen,
             )
             return True
         down = registry_down(exc)

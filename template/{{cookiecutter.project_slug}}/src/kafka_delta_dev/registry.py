@@ -1103,16 +1103,22 @@ class Registry:
     def get_latest_with_metadata(self, subject: str, query: dict, body: Any) -> dict[str, Any]:
         """The latest version whose metadata properties hold every ``key``/``value`` pair
         asked for (Confluent's ``GET /subjects/{s}/metadata``; used by the serializers'
-        ``use.latest.with.metadata``)."""
+        ``use.latest.with.metadata``).
+
+        confluent-kafka's Python client percent-encodes each key and value before its HTTP
+        library encodes the query again, so ``owner=shop team`` arrives as ``shop%20team``:
+        when nothing matches the pairs as they arrive, they are decoded once more (Java's
+        client encodes once; its pairs match as they arrive)."""
         keys, values = query.get("key") or [], query.get("value") or []
         wanted = dict(zip(keys, values, strict=False))
-        deleted = _flag(query, "deleted")
-        entries = self._existing(subject, deleted=deleted)
-        for entry in reversed(entries):
-            metadata = self.state.schema(entry["id"]).get("metadata") or {}
-            properties = metadata.get("properties") or {}
-            if metadata and all(properties.get(k) == v for k, v in wanted.items()):
-                return self._registered(subject, entry, _format(query))
+        entries = self._existing(subject, deleted=_flag(query, "deleted"))
+        twice = {unquote(k): unquote(v) for k, v in wanted.items()}
+        for pairs in (wanted, twice) if twice != wanted else (wanted,):
+            for entry in reversed(entries):
+                metadata = self.state.schema(entry["id"]).get("metadata") or {}
+                properties = metadata.get("properties")
+                if properties is not None and all(properties.get(k) == v for k, v in pairs.items()):
+                    return self._registered(subject, entry, _format(query))
         raise _schema_not_found()
 
     def _referencing(self, subject: str, version: int) -> list[int]:

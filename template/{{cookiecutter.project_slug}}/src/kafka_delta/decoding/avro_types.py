@@ -17,8 +17,11 @@ record                                          struct (a required field: non-nu
 array / map                                     list / map<string, ...>
 ["null", T] (either order)                      T, nullable (records too)
 union of several non-null types                 struct<member0, member1, ...>, one nullable
-                                                member per non-null branch, in order; null
-                                                when the value is null (as Spark does)
+                                                member per non-null branch, in order, the
+                                                branch written set (its index in the bytes:
+                                                600 written as a long is the long's, though
+                                                an int holds it); null when the value is null
+                                                (as Spark does)
 decimal (bytes or fixed), precision <= 38       decimal128(precision, scale)
 decimal, precision > 38                         string, the exact decimal ("-12.50")
 uuid (string or fixed)                          string
@@ -358,6 +361,7 @@ class _Mapper:
         value of ``t``. Named types must be known (the schema's columns mapped first)."""
         if isinstance(t, list):
             non_null = [b for b in t if b != "null"]
+            twins = _twin_kinds(_primitive_kind(b) for b in t)
             for b in t:  # Avro: the first branch; a later one as a lenient fallback
                 try:
                     value = self.default_value(b, d, namespace)
@@ -365,6 +369,9 @@ class _Mapper:
                     continue
                 if value is not None and len(non_null) > 1 and _named(b):
                     return (self.branch_key(b, namespace)[1], value)
+                if value is not None and _primitive_kind(b) in twins:
+                    kind = _primitive_kind(b)  # as fastavro reads it, tagged
+                    return (_WRAPPED[kind], {kind: value})
                 return value
             raise ValueError(f"the default {d!r} is of no branch of {t!r}")
         if isinstance(t, str):
@@ -498,6 +505,8 @@ def _uuid_text(value: Any) -> Any:
 def _plain(value: Any) -> Any:
     """A fastavro value as Avro's JSON encoding holds it."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        if value[0] in _BRANCH_OF:  # a twin primitive's branch, read as a record (plain_schema)
+            return _plain(value[1])
         return {value[0]: _plain(value[1])}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -527,19 +536,29 @@ def _union_prep(
     keys: list[tuple[str, str | None]], preps: list[Callable[[Any], Any] | None]
 ) -> Callable[[Any], Any]:
     """A value of a multi-type union as {"member<i>": value} of its branch. fastavro reads a
-    named branch as (full name, value) (see :func:`plain_schema`), the others as Python values
-    whose type says the branch; an int fits the first int branch that holds it, then long."""
+    named branch as (full name, value), and an int or long (float or double) branch of a union
+    that has both as {kind: value} (see :func:`plain_schema`; with named-type tags, as (its
+    wrapper's name, {kind: value})): the branch written, which the value alone cannot tell. The
+    other branches come back as Python values whose type says the branch."""
     names = {full: i for i, (_, full) in enumerate(keys) if full is not None}
+    twins = _twin_kinds(kind for kind, full in keys if full is None)
+    mine = {k: i for i, (k, full) in enumerate(keys) if full is None and k in twins}
+    names.update({_WRAPPED[k]: i for k, i in mine.items()})
     by_kind: dict[str, list[int]] = {}
     for i, (kind, full) in enumerate(keys):
         if full is None:
             by_kind.setdefault(kind, []).append(i)
+    untagged = {} if "map" in by_kind else mine  # a map's dict would be ambiguous: tagged
     ints = by_kind.get("int", []) + by_kind.get("long", [])
     floats = by_kind.get("float", []) + by_kind.get("double", [])
 
     def branch(value: Any) -> int:
         if isinstance(value, tuple) and len(value) == 2 and value[0] in names:
             return names[value[0]]
+        if untagged and isinstance(value, dict) and len(value) == 1:
+            found = untagged.get(next(iter(value)))
+            if found is not None:
+                return found
         if isinstance(value, bool):
             return by_kind["boolean"][0]
         if isinstance(value, int):
@@ -569,8 +588,10 @@ def _union_prep(
             i = branch(value)
         except (KeyError, IndexError):
             raise ValueError(f"a {type(value).__name__} matches no branch of the union") from None
-        if isinstance(value, tuple) and keys[i][1] is not None:
+        if isinstance(value, tuple):
             value = value[1]
+        if keys[i][1] is None and keys[i][0] in mine:
+            value = value[keys[i][0]]
         p = preps[i]
         return {f"member{i}": p(value) if p is not None else value}
 
@@ -581,6 +602,25 @@ def _union_prep(
 
 
 _NEVER = {"type": "fixed", "name": "kafka_delta.never_written", "size": 0}
+# Avro's twin primitives: a value of one is a value of the other (600 is an int and a long).
+_TWINS = (("int", "long"), ("float", "double"))
+# The record each twin branch is read as: a record of one field is encoded as that field, so
+# the bytes read the same, and the field's name (the kind) says the branch fastavro read.
+_WRAPPED = {kind: f"kafka_delta.branch_{kind}" for pair in _TWINS for kind in pair}
+_BRANCH_OF = {name: kind for kind, name in _WRAPPED.items()}
+_TAGS = ""  # in _plain_in's state (no name is empty): a union needs named-type tags
+
+
+def _twin_kinds(kinds: Any) -> set[str]:
+    """The kinds among a union's branch ``kinds`` whose twin is a branch too."""
+    present = set(kinds)
+    return {k for pair in _TWINS if set(pair) <= present for k in pair}
+
+
+def _primitive_kind(b: Any) -> str | None:
+    """The primitive a union branch is (``"int"``, ``{"type": "int", ...}``), or None."""
+    kind = b.get("type") if isinstance(b, dict) else b
+    return kind if isinstance(kind, str) and kind in _PRIMITIVES else None
 
 
 def plain_schema(schema: Any) -> Any:
@@ -588,25 +628,44 @@ def plain_schema(schema: Any) -> Any:
     values come back plain and become columns as whole Arrow columns), and each multi-type
     union with named branches given one more named branch that no writer uses (appended: the
     branch indexes written stay valid), so that fastavro's ``return_named_type_override``
-    returns their values as (name, value) while ``["null", record]`` stays a plain value."""
+    returns their values as (name, value) while ``["null", record]`` stays a plain value.
+
+    A union with both ``int`` and ``long`` (or ``float`` and ``double``) branches has those
+    branches read as records :data:`_WRAPPED` of one field named after the kind (same bytes):
+    fastavro then returns the branch written, ``{"long": 600}`` (600 written as a long is the
+    long's, though an int holds it), which neither the value nor fastavro's plain read says;
+    the plain call suffices unless the union has a map branch too (whose dict could look the
+    same: then named-type tags tell them apart)."""
     return plain_schema_tagged(schema)[0]
 
 
 def plain_schema_tagged(schema: Any) -> tuple[Any, bool]:
     """(:func:`plain_schema`, whether any of its unions needs fastavro's named-type tags): a
     schema without such a union reads with fastavro's plain, faster call."""
-    never: list = []
-    plain = _plain_in(copy.deepcopy(schema), never)
-    return plain, bool(never)
+    state: dict[str, bool] = {}
+    plain = _plain_in(copy.deepcopy(schema), state)
+    return plain, bool(state.get(_TAGS))
 
 
-def _plain_in(t: Any, never: list) -> Any:
+def _plain_in(t: Any, state: dict[str, bool]) -> Any:
+    """``state`` holds the names defined so far (a named type is defined once, where fastavro
+    meets it first, then used by name: this walk follows fastavro's order), and :data:`_TAGS`
+    when a union needs fastavro's named-type tags."""
     if isinstance(t, list):
-        out = [_plain_in(b, never) for b in t]
+        twins = _twin_kinds(_primitive_kind(b) for b in t)
+        out = []
+        for b in t:
+            kind = _primitive_kind(b)
+            if kind in twins:
+                out.append(_defined(state, _WRAPPED[kind], kind))
+            else:
+                out.append(_plain_in(b, state))
         non_null = [b for b in t if b != "null"]
-        if len(non_null) > 1 and any(_named(b) for b in non_null):
-            out.append(_NEVER["name"] if never else dict(_NEVER))
-            never.append(True)
+        named = len(non_null) > 1 and any(_named(b) for b in non_null)
+        if named and not twins:  # the wrappers already make it a union of several names
+            out.append(_defined(state, _NEVER["name"], None))
+        if named or (twins and any(_kind_of(b) == "map" for b in non_null)):
+            state[_TAGS] = True
         return out
     if not isinstance(t, dict):
         return t
@@ -615,14 +674,29 @@ def _plain_in(t: Any, never: list) -> Any:
         t = {k: v for k, v in t.items() if k != "logicalType"}
     kind = t.get("type")
     if kind in ("record", "error"):
-        t["fields"] = [{**f, "type": _plain_in(f["type"], never)} for f in t.get("fields", [])]
+        t["fields"] = [{**f, "type": _plain_in(f["type"], state)} for f in t.get("fields", [])]
     elif kind == "array":
-        t["items"] = _plain_in(t["items"], never)
+        t["items"] = _plain_in(t["items"], state)
     elif kind == "map":
-        t["values"] = _plain_in(t["values"], never)
+        t["values"] = _plain_in(t["values"], state)
     elif isinstance(kind, list | dict):
-        t["type"] = _plain_in(kind, never)
+        t["type"] = _plain_in(kind, state)
     return t
+
+
+def _defined(state: dict[str, bool], name: str, kind: str | None) -> Any:
+    """The named type ``name`` (``kind``'s wrapper, or :data:`_NEVER` when None): its
+    definition the first time, its name after."""
+    if name in state:
+        return name
+    state[name] = True
+    if kind is None:
+        return dict(_NEVER)
+    return {"type": "record", "name": name, "fields": [{"name": kind, "type": kind}]}
+
+
+def _kind_of(b: Any) -> Any:
+    return b.get("type") if isinstance(b, dict) else b
 
 
 def _named(b: Any) -> bool:

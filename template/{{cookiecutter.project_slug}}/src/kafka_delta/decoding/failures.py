@@ -41,6 +41,18 @@ def schema_changed(exc: BaseException) -> tuple[tuple[str, ...], int | None] | N
     return fields, int(found.group(1)) if found else None
 
 
+_MESSAGE = re.compile(r"carry protobuf message ([\w.]+) \(schema id ")
+
+
+def message_seen(exc: BaseException) -> str | None:
+    """The Protobuf message the records carry when ``exc`` reports a ``MessageSeenError``."""
+    if type(exc).__name__ == "MessageSeenError":
+        return getattr(exc, "message", None)
+    sentence = reported(exc, "MessageSeenError")
+    found = _MESSAGE.search(sentence) if sentence else None
+    return found.group(1) if found else None
+
+
 def registry_down(exc: BaseException) -> str | None:
     """The sentence of a ``RegistryUnavailableError`` that ``exc`` is or reports."""
     return reported(exc, "RegistryUnavailableError")

@@ -1,7 +1,9 @@
 """JSON: pyarrow's JSON reader against the reader schema, a whole block of records at a time.
 Plain JSON, or JSON Schema in Confluent's framing (``confluent_kafka``'s ``JSONSerializer``:
 magic byte 0 + the schema id, or the id in a schema-id header, then the JSON text): each
-writer schema is looked up once and compared with the reader's, as Avro's are.
+writer schema is looked up once and compared with the reader's, as Avro's are, and its
+``required`` fields are checked on its records (a producer's serializer need not validate:
+Java's does not by default).
 
 pyarrow has no per-row error handler, so the values are first checked for what would shift
 rows (null, empty, not an object), joined one per line (a newline inside a JSON value can only
@@ -18,7 +20,7 @@ import pyarrow.compute as pc
 
 from kafka_delta.decoding.columns import assemble
 from kafka_delta.decoding.framing import header_guids, parse
-from kafka_delta.decoding.json_types import json_schema_to_arrow, read_schema
+from kafka_delta.decoding.json_types import json_schema_to_arrow, read_schema, required_of
 from kafka_delta.decoding.registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
@@ -45,6 +47,9 @@ class JsonDecoder:
             explicit_schema=self._read, unexpected_field_behavior="ignore"
         )
         self._known: dict[Any, str | None] = {}  # writer schema (id or GUID) -> its problem
+        # writer schema -> its required fields, each with whether null is a value of its type;
+        # None: the reader's (a schema file's, whose required fields take no null)
+        self._required: dict[Any, dict[str, bool]] = {None: dict.fromkeys(field.required, False)}
 
     def _writer_problem(self, ref: Any) -> str | None:
         """Why records of writer schema ``ref`` cannot be read (None: they can). Raises
@@ -74,6 +79,7 @@ class JsonDecoder:
             return problem
         if new:
             raise SchemaChangedError(tuple(new), ref)
+        self._required[ref] = required_of(found.schema_str)
         self._known[ref] = None
         return None
 
@@ -114,6 +120,8 @@ class JsonDecoder:
         n = len(values)
         errors: list[str | None] = [None] * n
         lines, rows = [], []
+        writers: list[Any] = [None] * n  # each row's writer schema (None: the reader's)
+        starts = [0] * n  # where each record's JSON starts
         guids = header_guids(headers, self.part) if self.framed else [None] * n
         for i, value in enumerate(values):
             if value is None:
@@ -132,6 +140,9 @@ class JsonDecoder:
                     errors[i] = problem
                     continue
                 value = value[frame.start :]
+                starts[i] = frame.start
+                if self.registry is not None:
+                    writers[i] = frame.schema
             if b"\n" in value or b"\r" in value:
                 value = value.replace(b"\r", b" ").replace(b"\n", b" ")
             if value.lstrip()[:1] != b"{":
@@ -141,9 +152,46 @@ class JsonDecoder:
             rows.append(i)
         parts = self._parse_all(lines, rows, errors) if lines else []
         table = assemble(self.reader, n, parts)
-        for name in self.field.required:
-            missing = pc.is_null(table.column(name)).to_pylist()
-            for i, gone in enumerate(missing):
-                if gone and errors[i] is None:
-                    errors[i] = f"required field {name!r} is missing"
+        self._check_required(table, values, starts, writers, errors)
         return table, errors
+
+    def _check_required(
+        self,
+        table: pa.Table,
+        values: list[bytes | None],
+        starts: list[int],
+        writers: list[Any],
+        errors: list[str | None],
+    ) -> None:
+        """A row whose writer schema's required field is null in its column is a dead letter,
+        unless null is a value of the field's type and the record has it (its JSON is read
+        again, for those rows only: the column cannot tell null from missing)."""
+        names = {name for ref in set(writers) for name in self._required.get(ref, {})}
+        for name in sorted(names & set(self.reader.names)):  # required without a property:
+            column = table.column(name)  # no column to check it by
+            if not column.null_count:
+                continue
+            for i in pc.indices_nonzero(pc.is_null(column)).to_pylist():
+                required = self._required.get(writers[i], {})
+                if errors[i] is not None or name not in required:
+                    continue
+                present = _has_key(values[i], starts[i], name)
+                if present and required[name]:
+                    continue
+                of = "" if writers[i] is None else f" of schema {writers[i]}"
+                errors[i] = (
+                    f"required field {name!r}{of} is null, which its type does not take"
+                    if present
+                    else f"required field {name!r}{of} is missing"
+                )
+
+
+def _has_key(value: bytes | None, start: int, name: str) -> bool:
+    """Whether the JSON object in ``value`` from ``start`` has the top-level key ``name``."""
+    import json
+
+    try:
+        record = json.loads((value or b"")[start:])
+    except ValueError:
+        return False
+    return isinstance(record, dict) and name in record

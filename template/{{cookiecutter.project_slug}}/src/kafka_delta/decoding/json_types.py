@@ -20,8 +20,9 @@ JSON Schema                                    column
 ``allOf`` of one schema                        that schema
 =============================================  ====================================
 
-Every column is nullable; a top-level property in ``required`` makes a record without it (or
-with it null) a dead letter. What maps to no one column type (a union of two types, an object
+Every column is nullable; a top-level property in ``required`` (of the record's own writer
+schema) makes a record without it, or with null where its type does not take null, a dead
+letter (:func:`required_of`). What maps to no one column type (a union of two types, an object
 without properties, a recursive ``$ref``) is refused with the property's path.
 """
 
@@ -56,6 +57,23 @@ def json_schema_to_arrow(text: str | dict[str, Any]) -> tuple[pa.Schema, list[st
         for name, prop in root["properties"].items()
     ]
     return pa.schema(fields), list(root.get("required", []))
+
+
+def required_of(text: str | dict[str, Any]) -> dict[str, bool]:
+    """The required top-level fields of a JSON Schema document of an object (as
+    :func:`json_schema_to_arrow` reads it), each with whether null is a value of its type: a
+    record must have each, and null only where its type takes null (``["string", "null"]``),
+    or it is not a record of the schema."""
+    doc = json.loads(text) if isinstance(text, str) else text
+    root, _ = _resolve(doc, doc, "/", ())
+    properties = root.get("properties", {})
+    out = {}
+    required = root.get("required", [])
+    for name in required if isinstance(required, list) else []:
+        prop = properties.get(name, {})
+        resolved, _ = _resolve(doc, prop, f"/{name}", ())
+        out[name] = prop == {} or prop is True or _json_kind(resolved, f"/{name}")[1]
+    return out
 
 
 def _pointer(doc: dict[str, Any], ref: str, where: str) -> Any:

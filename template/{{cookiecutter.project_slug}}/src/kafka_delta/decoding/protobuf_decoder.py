@@ -23,7 +23,12 @@ from kafka_delta.decoding.protobuf_types import (
     protobuf_file,
 )
 from kafka_delta.decoding.registry import Registry
-from kafka_delta.decoding.spec import FieldSpec, SchemaChangedError, SchemaFileError
+from kafka_delta.decoding.spec import (
+    FieldSpec,
+    MessageSeenError,
+    SchemaChangedError,
+    SchemaFileError,
+)
 from kafka_delta.decoding.versions import compare_writer
 
 Convert = Callable[[Any], Any]
@@ -130,6 +135,9 @@ class _Writer:
         from google.protobuf import message_factory
         from google.protobuf.descriptor import FieldDescriptor as F
 
+        self.ref = ref
+        self.carries = descriptor.full_name
+        self.expected = expected
         self.refused: str | None = None
         if descriptor.full_name != expected:
             self.refused = (
@@ -216,6 +224,28 @@ class ProtobufDecoder:
             writer.refused = writer.refused.replace("<part>", self.part)
         return writer
 
+    def _check_guess(self, groups: dict[Any, list[tuple[int, int]]]) -> None:
+        """Without ``message:``, the reader's columns are the file's default message, a guess:
+        the frames say which message each record is. A batch with records of that message
+        keeps it (the others are dead letters: one table, one message); a batch with none of
+        them raises :class:`MessageSeenError` for the message most of its records carry (the
+        query restarts with its columns)."""
+        carried: dict[str, int] = {}
+        refs: dict[str, Any] = {}
+        guessed = None
+        for (ref, indexes), members in groups.items():
+            writer = self._writer(ref, indexes)
+            if not isinstance(writer, _Writer):
+                continue
+            if writer.refused is None:
+                return  # records of the reader's message are here
+            guessed = writer.expected
+            carried[writer.carries] = carried.get(writer.carries, 0) + len(members)
+            refs.setdefault(writer.carries, ref)
+        if carried and guessed is not None:
+            message = max(sorted(carried), key=carried.__getitem__)
+            raise MessageSeenError(message, refs[message], guessed)
+
     def decode(self, values: list[bytes | None], headers: list[Any]) -> tuple[pa.Table, list]:
         from google.protobuf.message import DecodeError
 
@@ -240,6 +270,8 @@ class ProtobufDecoder:
                 errors[i] = frame
             else:
                 groups.setdefault((frame.schema, frame.indexes), []).append((i, frame.start))
+        if framed and self.field.message is None:
+            self._check_guess(groups)
         parts = []
         for (ref, indexes), members in groups.items():
             writer = self._writers[(None, ())] if ref is None else self._writer(ref, indexes)

@@ -4,13 +4,15 @@ message a record was written with (by name, or by the message indexes of Conflue
 Which message the table takes
 -----------------------------
 ``decoding.<part>.message`` (a full name, ``package.Message`` or ``package.Outer.Inner``) when
-set: an override, and the only way to take a nested message. Else the subject's file decides:
-its one top-level message; or, of several, the one no other message of the file uses as a
-field type (Confluent's serializer registers the produced message's whole file, helpers
-included); or, when several are used by no other, the first of those (Confluent's index
-``[0]``). Each record's frame names its own message (the message-index path, nested messages
-included); a record of another message than the table's is a dead letter saying which message
-it carries and which ``message:`` would take it. Two messages' fields never share a table.
+set: an override. Else the records decide, as their frames name their message (the
+message-index path, nested messages included): a table that exists takes the message whose
+fields are its columns (:func:`message_of_columns`); a new table starts from the file's
+default (:func:`default_message`: its one top-level message; or, of several, the one no other
+message uses as a field type; or the first of those), a guess that a batch of records of
+another message replaces (:class:`.spec.MessageSeenError`: the query restarts with that
+message's columns). Then a record of another message than the table's is a dead letter saying
+which message it carries and which ``message:`` would take it. Two messages' fields never
+share a table.
 
 Schema references (``import``) are resolved through the registry (each reference's subject and
 version, recursively); well-known imports (``google/protobuf/*``, ``google/type/*``,
@@ -166,6 +168,30 @@ def default_message(file: Any) -> Any:
         uses(top)
     roots = [t for t in tops if t.full_name not in used]
     return roots[0] if roots else tops[0]
+
+
+def message_of_columns(file: Any, columns: Iterable[str]) -> str | None:
+    """The message of ``file`` (top-level or nested) whose fields are all among ``columns``
+    (an existing table's), the one with most fields (ties: :func:`default_message` first, then
+    the file's order); None when none has a field and all its fields there."""
+    have = set(columns)
+    found: list[Any] = []
+
+    def walk(descriptor: Any) -> None:
+        found.append(descriptor)
+        for nested in descriptor.nested_types:
+            if not nested.GetOptions().map_entry:
+                walk(nested)
+
+    for top in file.message_types_by_name.values():
+        walk(top)
+    default = default_message(file) if found else None
+    fits = [d for d in found if d.fields and {f.name for f in d.fields} <= have]
+    if not fits:
+        return None
+    best = max(len(d.fields) for d in fits)
+    fits = [d for d in fits if len(d.fields) == best]
+    return (default if default in fits else fits[0]).full_name
 
 
 def protobuf_descriptor(

@@ -38,13 +38,19 @@ from kafka_delta.decoding.versions import union_schemas
 
 
 def build_decode_spec(
-    spark: SparkSession, config: PipelineConfig, writer_schema_ids: Iterable[int] = ()
+    spark: SparkSession,
+    config: PipelineConfig,
+    writer_schema_ids: Iterable[int] = (),
+    message_seen: str | None = None,
+    table_columns: Iterable[str] | None = None,
 ) -> DecodeSpec | None:
     """The pipeline's decode spec; None when the value stays raw bytes. The records are decoded
     once for every table: when a table has ``tombstones: delete``, a tombstone is read as a
     delete whose key fills the merge keys of the tables that delete (each table then takes it as
     its own ``tombstones`` says: :func:`kafka_delta.routing.key_deletes`)."""
-    spec = decode_spec(spark, config.decoding, config.kafka.topics, writer_schema_ids)
+    spec = decode_spec(
+        spark, config.decoding, config.kafka.topics, writer_schema_ids, message_seen, table_columns
+    )
     keys: dict[str, None] = {}
     for table in config.table_configs():
         if table.delta.tombstones == "delete":
@@ -59,13 +65,21 @@ def decode_spec(
     decoding: DecodingConfig,
     topics: Iterable[str],
     writer_schema_ids: Iterable[int] = (),
+    message_seen: str | None = None,
+    table_columns: Iterable[str] | None = None,
 ) -> DecodeSpec | None:
+    """Protobuf without ``message:``: the value's message is ``message_seen``, the one its
+    records were found to carry (:class:`.spec.MessageSeenError`), else the one whose fields
+    are the ``table_columns`` of the table that exists (a message of a run before), else the
+    file's default (:mod:`.protobuf_types`)."""
     if decoding.value.format == "raw":
         return None
     registry = _registry_settings(decoding)
     topics = tuple(topics)
     ids = tuple(sorted(set(writer_schema_ids)))
-    value = _field_spec(spark, decoding.value, "value", topics, registry, ids)
+    value = _field_spec(
+        spark, decoding.value, "value", topics, registry, ids, message_seen, table_columns
+    )
     key = (
         _field_spec(spark, decoding.key, "key", topics, registry, ())
         if decoding.key is not None and decoding.key.format != "raw"
@@ -98,7 +112,15 @@ def _field_spec(
     topics: tuple[str, ...],
     registry: RegistrySettings | None,
     writer_schema_ids: tuple[int, ...],
+    message_seen: str | None = None,
+    table_columns: Iterable[str] | None = None,
 ) -> FieldSpec:
+    if fmt.format == "protobuf" and not fmt.message and fmt.schema_file is None:
+        if not message_seen and table_columns and registry is not None:
+            message_seen = _message_of_table(part, topics, registry, tuple(table_columns))
+        if message_seen:
+            # The records' message is the table's, as if configured (others are dead letters).
+            fmt = fmt.model_copy(update={"message": message_seen})
     framing = fmt.effective_framing
     if fmt.schema_file is not None:
         reader, required, writer, message = _from_file(spark, fmt)
@@ -205,10 +227,46 @@ def _from_registry(
             f"decoding.{part}.schema_file)"
         )
     schemas = [_arrow_of(fmt, s, part, registry) for s in found]
-    return union_schemas(schemas), ()
+    if all(s is None for s in schemas):  # every version lacks the message named
+        raise SchemaFileError(
+            f"no schema under {', '.join(f'{t}-{part}' for t in topics)} has the protobuf "
+            f"message {fmt.message} (decoding.{part}.message)"
+        )
+    return union_schemas([s for s in schemas if s is not None]), ()
 
 
-def _arrow_of(fmt: FormatConfig, schema: object, part: str, registry: object = None) -> pa.Schema:
+def _message_of_table(
+    part: str, topics: tuple[str, ...], settings: RegistrySettings, columns: tuple[str, ...]
+) -> str | None:
+    """The message of the subjects' newest Protobuf file whose fields are ``columns``, an
+    existing table's (:func:`.protobuf_types.message_of_columns`); None when none is."""
+    from kafka_delta.decoding.protobuf_types import message_of_columns, protobuf_file
+
+    registry = registry_for(settings)
+    for topic in topics:
+        versions = registry.subject_versions(f"{topic}-{part}")
+        schema = versions[-1] if versions else None
+        schema_id = getattr(schema, "schema_id", None)
+        if schema is None or getattr(schema, "schema_type", "") != "PROTOBUF" or schema_id is None:
+            continue
+        serialized = registry.schema_by_id(schema_id, fmt="serialized")
+        text = serialized.schema_str if serialized is not None else schema.schema_str
+        try:
+            file = protobuf_file(text, registry.protobuf_imports(schema_id))
+        except SchemaFileError:
+            continue
+        found = message_of_columns(file, columns)
+        if found is not None:
+            return found
+    return None
+
+
+def _arrow_of(
+    fmt: FormatConfig, schema: object, part: str, registry: object = None
+) -> pa.Schema | None:
+    """The columns of a registered schema; None for a Protobuf file without the message
+    ``fmt.message`` names (a version before the message was added: its records, of other
+    messages, are dead letters)."""
     kind = getattr(schema, "schema_type", None) or "AVRO"
     text = getattr(schema, "schema_str", schema)
     expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON", "json_schema": "JSON"}[
@@ -225,7 +283,9 @@ def _arrow_of(fmt: FormatConfig, schema: object, part: str, registry: object = N
     return _protobuf_arrow(fmt, schema, text, registry)
 
 
-def _protobuf_arrow(fmt: FormatConfig, schema: object, text: str, registry: object) -> pa.Schema:
+def _protobuf_arrow(
+    fmt: FormatConfig, schema: object, text: str, registry: object
+) -> pa.Schema | None:
     """The columns of a registered Protobuf schema: its file in the registry's serialized form
     with its references resolved, and the message ``fmt.message`` names, else the file's
     default message (protobuf_types: its one top-level message, or the one no other uses)."""
@@ -238,4 +298,10 @@ def _protobuf_arrow(fmt: FormatConfig, schema: object, text: str, registry: obje
         if serialized is not None:
             text = serialized.schema_str
         imports = registry.protobuf_imports(schema_id)  # type: ignore[attr-defined]
-    return message_to_arrow(find_message(protobuf_file(text, imports), fmt.message))
+    file = protobuf_file(text, imports)
+    if fmt.message:
+        try:
+            file.pool.FindMessageTypeByName(fmt.message)
+        except KeyError:
+            return None
+    return message_to_arrow(find_message(file, fmt.message))

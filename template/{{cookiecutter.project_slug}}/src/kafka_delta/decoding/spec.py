@@ -4,7 +4,9 @@
 Errors are of two kinds. A record that cannot be decoded is never an exception: it gets an
 ``_error`` and becomes a dead letter. An exception stops the batch before any commit: the
 registry is down (:class:`RegistryUnavailableError`, retried), the producers' schema gained
-fields the reader lacks (:class:`SchemaChangedError`, the query restarts with them), or changed
+fields the reader lacks (:class:`SchemaChangedError`, the query restarts with them), Protobuf
+records carry another message than the reader's guess (:class:`MessageSeenError`, the query
+restarts with that message's columns), or changed
 in a way the table cannot follow (:class:`SchemaIncompatibleError`, the run stops).
 """
 
@@ -36,6 +38,22 @@ class SchemaChangedError(ValueError):
             f"writer schema (schema id {schema_id}) has field(s) {', '.join(fields)} that the "
             "reader schema lacks; nothing of the batch was written (with delta.schema_evolution: "
             "add_columns the table gains them)"
+        )
+
+
+class MessageSeenError(ValueError):
+    """Protobuf without ``message:``: a batch's records carry another message than the one the
+    reader schema was made from (the file's default, a guess) and none carry that one. The
+    table takes the message its records carry: the query restarts with that message's columns
+    (:func:`.resolve.decode_spec`'s ``message_seen``), which then holds for the run."""
+
+    def __init__(self, message: str, schema_id: int | str | None, guessed: str) -> None:
+        self.message = message
+        self.schema_id = schema_id
+        super().__init__(
+            f"the records carry protobuf message {message} (schema id {schema_id}), not "
+            f"{guessed}, the file's default the columns were made from; nothing of the batch was "
+            f"written (the query restarts with the columns of {message})"
         )
 
 

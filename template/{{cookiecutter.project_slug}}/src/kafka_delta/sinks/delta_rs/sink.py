@@ -196,6 +196,10 @@ class DeltaRsSink:
         # How often the table was read from scratch (tests: once per run, not per batch).
         self.opens = 0
 
+    def columns(self) -> tuple[str, ...] | None:
+        table = self._table()
+        return None if table is None else tuple(f.name for f in table.schema().fields)
+
     def _table(self) -> DeltaTable | None:
         """The table's latest snapshot, or None when there is no table.
 

@@ -174,6 +174,11 @@ class DeltaSparkSink:
     def worker_modules(self) -> tuple[str, ...]:
         return ()  # delta-spark writes in the JVM
 
+    def columns(self) -> tuple[str, ...] | None:
+        if not self.table.exists():
+            return None
+        return tuple(self.table.frame().schema.fieldNames())
+
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark.
         A number column wider than the table's (a producer's int became long) widens the
