@@ -195,3 +195,30 @@ def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> Non
     # Every skip is for connector jars: nothing of the embedded engine or the stand-in skipped.
     skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("jars not on the classpath" in line for line in skips), skips
+
+
+def test_a_connect_server_that_is_down_stops_the_run_at_once_with_one_sentence(
+    kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    # A port nobody listens on: pyspark's own client would retry for minutes.
+    from kafka_delta_dev.connect_server import free_port
+
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic])
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
+    remote = f"sc://127.0.0.1:{free_port()}"
+
+    result = subprocess.run(
+        [sys.executable, "-m", "kafka_delta", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SPARK_REMOTE": remote},
+    )
+
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert f"cannot reach the Spark Connect server at {remote}" in line
+    assert "Connection refused" in line
+    assert not Path(cfg.delta.table).exists() and not Path(cfg.checkpoint).exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from kafka_delta.commands.arguments import add_config_options, build_config, log4j_config
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None, prog: str = DEFAULT_PROG) -> int:
     from kafka_delta.runtime.preflight import PreflightError, check
 
     try:
-        check(config)  # before Spark starts: seconds, and one sentence when something is wrong
+        # Before Spark starts: seconds, and one sentence when something is wrong.
+        check(config, remote=config.spark.remote or os.environ.get("SPARK_REMOTE"))
     except PreflightError as exc:
         close_listeners(listeners)
         print(f"error: {exc}", file=sys.stderr)
