@@ -208,7 +208,7 @@ def test_environment_references_fill_secrets_and_a_missing_one_names_its_key(
         (
             lambda d: d.update(
                 delta={},
-                tables={"orders": {"path": "t", "mode": "upsert", "merge_key": ["id"]}},
+                tables={"orders": {"path": "data/t", "mode": "upsert", "merge_key": ["id"]}},
             ),
             "tables.orders.merge_key: unknown key; did you mean merge_keys?",
         ),

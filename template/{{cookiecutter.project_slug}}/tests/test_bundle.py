@@ -311,5 +311,6 @@ def test_the_serverless_target_runs_the_wheel_in_an_environment_on_a_schedule_un
         # Serverless runs streams only until caught up: a processing-time trigger is refused.
         assert _argument(resolved, "--trigger") == "available-now"
         # A Unity Catalog table by name, its checkpoint in a volume.
-        assert re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*\.[A-Za-z_]\w*", _argument(resolved, "--table"))
+        name = r"[A-Za-z_]\w*"
+        assert re.fullmatch(rf"{name}\.{name}\.{name}", _argument(resolved, "--table"))
         assert _argument(resolved, "--checkpoint").startswith("/Volumes/")

@@ -12,6 +12,7 @@ One micro-batch (docs/design.md section 3):
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import time
@@ -824,6 +825,13 @@ class Pipeline:
             succeeded = True
         finally:
             self._gate.leave(batch_id, succeeded=succeeded)
+            if self._worker:
+                # A Connect DataFrame left in a reference cycle (an observed batch holds its
+                # Observation, which holds the plan) releases its server-side relation in
+                # __del__, a call to the server. Collected later, between two batches, that
+                # call was seen to block the server's Python worker for good, and the query
+                # with it: collected here, it runs while the server waits on this batch.
+                gc.collect()
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
