@@ -25,6 +25,8 @@ from skips import is_allowed
 # idled. Started first, one share each by weight, the run ends on short tests that stealing
 # spreads evenly.
 HEAVY = {
+    "tests/engine/test_spark_connect.py::test_the_engine_contract_passes_through": 330,
+    "tests/engine/test_kafka_outage.py::test_a_continuous_run_rides_out": 145,
     "tests/test_ops.py::test_random_operator_moves": 130,
     "tests/test_bench.py::test_tiny_benchmark": 95,
     "tests/test_ops.py::test_the_shrunk_case": 67,

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.broker]
 # pyspark refuses a Connect session in a process that holds a classic one (the suite's usual
 # `spark`): these tests run where the suite itself runs through Connect, which the last test of
 # this file starts in a process of its own (SPARK_REMOTE=local[2]).
-THROUGH_CONNECT = os.environ.get("SPARK_REMOTE", "").startswith("sc://")
+THROUGH_CONNECT = bool(os.environ.get("SPARK_REMOTE"))
 through_connect = pytest.mark.skipif(
     not THROUGH_CONNECT,
     reason="runs in the suite through Spark Connect (SPARK_REMOTE=local[2]), which "

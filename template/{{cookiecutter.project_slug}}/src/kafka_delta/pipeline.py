@@ -12,7 +12,6 @@ One micro-batch (docs/design.md section 3):
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import time
@@ -247,6 +246,7 @@ class Pipeline:
         self.remote = is_connect(spark)
         self._mailbox: BatchMailbox | None = None
         self._worker = False  # True in the batch function's copy in the Connect server
+        self._held_batch: DataFrame | None = None
         self.committer: OffsetCommitter | None = committer
         self.summary = RunSummary()
         self.listeners = list(listeners)
@@ -818,6 +818,14 @@ class Pipeline:
         stopped if a stop was requested (see :mod:`kafka_delta.runtime.graceful_stop`)."""
         if self.spark is None:  # in the Connect server's Python process
             self._bind(df.sparkSession)
+        if self._worker:
+            # A Connect batch DataFrame releases its server-side relation in __del__, by a call
+            # to the server. Made as pyspark's worker drops the DataFrame after this function
+            # returned, that call was seen to block for good under load (the worker, and the
+            # query with it; most often on a replayed batch). Held here until the next batch,
+            # the previous one is released during a batch, while the server serves this
+            # function's calls; the last one goes with the query.
+            self._held_batch = df
         self._gate.enter()
         succeeded = False
         try:
@@ -825,13 +833,6 @@ class Pipeline:
             succeeded = True
         finally:
             self._gate.leave(batch_id, succeeded=succeeded)
-            if self._worker:
-                # A Connect DataFrame left in a reference cycle (an observed batch holds its
-                # Observation, which holds the plan) releases its server-side relation in
-                # __del__, a call to the server. Collected later, between two batches, that
-                # call was seen to block the server's Python worker for good, and the query
-                # with it: collected here, it runs while the server waits on this batch.
-                gc.collect()
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
@@ -849,8 +850,6 @@ class Pipeline:
         rewound = self._rewound(end)
         if rewound:
             commit = replace(commit, rewound=rewound, rewound_from=self._ends_before(rewound))
-        observation: Observation | None = Observation()
-        observed = df.observe(observation, F.count(F.lit(1)).alias("records"))
         start = self._batch_start(batch_id, end)
         several = len(self.tables) > 1
         # Fencing first, for every table, on the tables as they are now: a run that may not
@@ -880,8 +879,19 @@ class Pipeline:
                 t_commit = replace(t_commit, tables=tuple(str(r.name) for r in self.tables))
             replayed = run.engine.sink.check(t_commit, t_start, firsts)
             shares.append((run, t_commit, t_start, firsts, skipped, replayed))
+        # The records read are counted while the sinks' own jobs run; a batch every table has
+        # (a replay) reads nothing, and no DataFrame is derived from it (under Spark Connect
+        # an observed plan never run was seen to block the release of the batch's relation,
+        # and the query with it).
+        replayed_everywhere = all(s[-1] for s in shares)
+        observation: Observation | None = None if replayed_everywhere else Observation()
+        observed = (
+            df
+            if observation is None
+            else df.observe(observation, F.count(F.lit(1)).alias("records"))
+        )
         # Of several tables, the batch's records are read from Kafka once, for all of them.
-        source = observed.persist() if several and not all(s[-1] for s in shares) else observed
+        source = observed.persist() if several and not replayed_everywhere else observed
         results: list[tuple[TableRun, SinkResult, int]] = []
         dead_sent = 0
         try:
@@ -930,8 +940,6 @@ class Pipeline:
         finally:
             if source is not observed:
                 source.unpersist()
-        if all(s[-1] for s in shares):
-            observation = None  # every table had the batch: nothing was read
         crash_point("after_delta_commit")
         for run, (_, t_commit, *_rest) in zip(self.tables, shares, strict=True):
             for topic, parts in t_commit.end_offsets.items():
