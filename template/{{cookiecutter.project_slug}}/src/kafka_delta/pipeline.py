@@ -880,9 +880,7 @@ class Pipeline:
             replayed = run.engine.sink.check(t_commit, t_start, firsts)
             shares.append((run, t_commit, t_start, firsts, skipped, replayed))
         # The records read are counted while the sinks' own jobs run; a batch every table has
-        # (a replay) reads nothing, and no DataFrame is derived from it (under Spark Connect
-        # an observed plan never run was seen to block the release of the batch's relation,
-        # and the query with it).
+        # (a replay) reads nothing, so nothing is observed.
         replayed_everywhere = all(s[-1] for s in shares)
         observation: Observation | None = None if replayed_everywhere else Observation()
         observed = (
