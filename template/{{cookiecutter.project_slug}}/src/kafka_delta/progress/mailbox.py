@@ -56,15 +56,6 @@ class BatchReport:
         return cls(BatchProgress.from_json(data["progress"]), group)
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    from kafka_delta.recovery.checkpoint import local_path
-
-    local = local_path(location)
-    if local is not None:
-        return pafs.LocalFileSystem(), str(local)
-    return pafs.FileSystem.from_uri(location)
-
-
 class BatchMailbox:
     """The reports of one run (``run_id``) of the pipeline whose checkpoint is ``location``."""
 
@@ -82,7 +73,10 @@ class BatchMailbox:
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
-            self._fs, root = _filesystem(self.location)
+            from kafka_delta.sinks.side_folder import open_side
+
+            # The checkpoint's location opened as the engine's other files by it are.
+            self._fs, root = open_side(self.location)
             self._folder = f"{root.rstrip('/')}/{FOLDER}/{self.run_id}"
         return self._fs, self._folder
 
