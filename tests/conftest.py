@@ -21,29 +21,29 @@ from skips import is_allowed
 # machine (both workers busy, nothing else running). xdist's worksteal hands each worker a
 # contiguous share of the collection and lets an idle worker steal from the end of the other's
 # queue, so tests collected last run last: left in collection order, these (most of them in
-# tests/test_*.py, collected after tests/engine) ended the run on one worker while the other
+# tests/test_*.py, collected after engine/tests) ended the run on one worker while the other
 # idled. Started first, one share each by weight, the run ends on short tests that stealing
 # spreads evenly.
 HEAVY = {
-    "tests/engine/test_spark_connect.py::test_the_engine_contract_passes_through": 330,
-    "tests/engine/test_kafka_outage.py::test_a_continuous_run_rides_out": 145,
+    "engine/tests/test_spark_connect.py::test_the_engine_contract_passes_through": 330,
+    "engine/tests/test_kafka_outage.py::test_a_continuous_run_rides_out": 145,
     "tests/test_ops.py::test_random_operator_moves": 130,
     "tests/test_bench.py::test_tiny_benchmark": 95,
     "tests/test_ops.py::test_the_shrunk_case": 67,
     "tests/test_chaos.py::test_repeated_sigkills": 85,
     "tests/test_cruft.py::test_a_project_generated_before": 71,
     "tests/test_generated_project.py::test_a_generated_projects_own_suite": 67,
-    "tests/engine/test_object_storage.py::test_two_runs_racing": 60,
-    "tests/engine/test_maintain.py::test_maintenance_beside_a_running_pipeline": 49,
-    "tests/engine/test_recovery.py::test_a_run_fenced_mid_batch": 47,
+    "engine/tests/test_object_storage.py::test_two_runs_racing": 60,
+    "engine/tests/test_maintain.py::test_maintenance_beside_a_running_pipeline": 49,
+    "engine/tests/test_recovery.py::test_a_run_fenced_mid_batch": 47,
     "tests/test_quick_start.py::test_readme_commands": 41,
-    "tests/engine/test_many_tables.py::test_a_table_written_before_tables_existed": 35,
-    "tests/engine/test_many_tables.py::test_topic_routing_lands_each_topic": 28,
-    "tests/engine/test_graceful_stop.py::test_a_signal_during_a_batch": 27,
-    "tests/engine/test_graceful_stop.py::test_a_second_signal": 25,
-    "tests/engine/test_debezium.py::test_debezium_avro_through_a_kill": 25,
+    "engine/tests/test_many_tables.py::test_a_table_written_before_tables_existed": 35,
+    "engine/tests/test_many_tables.py::test_topic_routing_lands_each_topic": 28,
+    "engine/tests/test_graceful_stop.py::test_a_signal_during_a_batch": 27,
+    "engine/tests/test_graceful_stop.py::test_a_second_signal": 25,
+    "engine/tests/test_debezium.py::test_debezium_avro_through_a_kill": 25,
     "tests/test_spark_floor.py::test_the_floor_prints": 22,
-    "tests/engine/test_avro_evolution.py::test_a_crash_between_the_nested_field_commit": 21,
+    "engine/tests/test_avro_evolution.py::test_a_crash_between_the_nested_field_commit": 21,
 }
 
 

@@ -21,7 +21,7 @@ NOTHING_MISSING = "the connector jars are on the classpath: the engine can run"
 ENVIRONMENT = (
     # tests/test_cruft.py's migration from the commit before the engine moved out of projects
     re.compile(r"^this clone lacks commit [0-9a-f]{12} \(a shallow clone\)"),
-    # tests/engine/test_spark_connect.py's Connect tests, in a process holding a classic session
+    # engine/tests/test_spark_connect.py's Connect tests, in a process holding a classic session
     # (pyspark allows no Connect session beside it): the same run runs them in a pytest of
     # their own through Spark Connect (test_the_engine_contract_passes_through_spark_connect).
     re.compile(r"^runs in the suite through Spark Connect \(SPARK_REMOTE=local\[2\]\)"),

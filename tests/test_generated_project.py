@@ -1,7 +1,7 @@
 """A generated project's own suite passes, as its user runs it: chispa tests of the transform,
 its configs, its Databricks bundle and wheel, and one end-to-end run through the embedded broker
 killed in the middle and restarted (tests/test_smoke.py of the project). The engine's proofs run
-once, in this repo (tests/engine), not in every project."""
+once, in this repo (engine/tests), not in every project."""
 
 from __future__ import annotations
 

@@ -76,26 +76,53 @@ def test_bundle_runs_an_entry_point_of_the_built_wheel(bundle, wheel: Path) -> N
     assert entry.group(1) == "{{ cookiecutter.package_name }}"
 
 
-def test_the_wheel_holds_this_project_and_the_engine_and_no_development_tool(wheel: Path) -> None:
+def test_the_wheel_holds_this_project_only_and_depends_on_the_engine_by_version(
+    wheel: Path,
+) -> None:
     with zipfile.ZipFile(wheel) as whl:
-        packages = {n.split("/")[0] for n in whl.namelist() if not n.endswith(".dist-info/")}
         modules = set(whl.namelist())
-    packages = {p for p in packages if not p.endswith(".dist-info")}
+    requires = _requires(wheel)
+    packages = {n.split("/")[0] for n in modules} - {n.split("/")[0] for n in modules if ".dist-info/" in n}
+    assert packages == {"{{ cookiecutter.package_name }}"}, packages
+    for module in ("main.py", "transform.py"):
+        assert f"{{ cookiecutter.package_name }}/{module}" in modules, module
+    # The engine is a dependency, by version; the development tools are never deployed.
+    assert "kafka-delta=={{ engine_version }}" in requires, requires
+    assert not [r for r in requires if r.startswith("kafka-delta-dev") and "extra ==" not in r]
 
-    assert packages == {"{{ cookiecutter.package_name }}", "kafka_delta"}, packages
-    for module in (
-        "{{ cookiecutter.package_name }}/main.py",
-        "{{ cookiecutter.package_name }}/transform.py",
-        "kafka_delta/cli.py",
-        "kafka_delta/pipeline.py",
-        "kafka_delta/sinks/delta_spark/sink.py",
-        "kafka_delta/sources/spark_kafka.py",
-        "kafka_delta/sources/kafka_datasource.py",
-    ):
+
+@pytest.fixture(scope="module")
+def engine_wheel(bundle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The engine's wheel as the bundle's deploy builds it: its `engine` artifact's own command,
+    run here (pip finds the wheel where engine.txt says), into a folder of this test's."""
+    artifact = bundle["artifacts"]["engine"]
+    out = tmp_path_factory.mktemp("engine")
+    command = artifact["build"].replace("--wheel-dir dist/engine", f"--wheel-dir {out}")
+    assert command != artifact["build"], artifact["build"]
+    result = subprocess.run(
+        command, shell=True, cwd=PROJECT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (source,) = artifact["files"]
+    (built,) = out.glob(Path(source["source"]).name)
+    return built
+
+
+def test_the_bundle_deploys_the_engines_wheel_before_the_projects_on_every_compute(
+    bundle, engine_wheel: Path
+) -> None:
+    with zipfile.ZipFile(engine_wheel) as whl:
+        modules = set(whl.namelist())
+    for module in ("kafka_delta/cli.py", "kafka_delta/pipeline.py", "kafka_delta/sources/spark_kafka.py"):
         assert module in modules, module
-    # The broker, the Schema Registry, the S3 API, the producer and the pytest plugin are
-    # development tools: never deployed.
-    assert not [m for m in modules if "kafka_delta_dev" in m or "devtools" in m]
+    assert not [m for m in modules if m.startswith("kafka_delta_dev/")]
+    engine_first = ["./dist/engine/*.whl", "./dist/*.whl"]
+    for target in ("dev", "prod", "serverless"):
+        for key in (STREAM, MAINTENANCE):
+            job = _target_job(bundle, target, key)
+            libraries = [lib["whl"] for task in job["tasks"] for lib in task.get("libraries", [])]
+            environments = [d for e in job.get("environments", []) for d in e["spec"]["dependencies"]]
+            assert (libraries or environments) == engine_first, (target, key)
 
 
 def test_bundle_passes_a_config_that_validates_on_the_cluster_engine(bundle) -> None:
@@ -110,22 +137,30 @@ def test_bundle_passes_a_config_that_validates_on_the_cluster_engine(bundle) -> 
         assert params[params.index(flag) + 1].startswith("${var."), flag
 
 
-def test_wheel_leaves_pyspark_and_delta_spark_to_the_runtime(wheel: Path) -> None:
+def _requires(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as whl:
         (metadata,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
-        requires = [
+        return [
             line.split(":", 1)[1].strip()
             for line in whl.read(metadata).decode().splitlines()
             if line.startswith("Requires-Dist:")
         ]
-    unconditional = [r for r in requires if "extra ==" not in r]
-    assert not [r for r in unconditional if re.match(r"(pyspark|delta-spark)\b", r)], requires
-    assert any(r.startswith("confluent-kafka") for r in unconditional), requires
 
 
-def test_wheels_console_script_prints_help(wheel: Path, tmp_path: Path) -> None:
+def test_neither_wheel_installs_pyspark_or_delta_spark_over_the_runtime(
+    wheel: Path, engine_wheel: Path
+) -> None:
+    for built in (wheel, engine_wheel):
+        unconditional = [r for r in _requires(built) if "extra ==" not in r]
+        assert not [r for r in unconditional if re.match(r"(pyspark|delta-spark)\b", r)], built
+    assert any(r.startswith("confluent-kafka") for r in _requires(engine_wheel))
+
+
+def test_wheels_console_script_prints_help(
+    wheel: Path, engine_wheel: Path, tmp_path: Path
+) -> None:
     target = tmp_path / "site"
-    _pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel))
+    _pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel), str(engine_wheel))
     (script,) = (target / "bin").glob("{{ cookiecutter.project_slug }}")
 
     result = subprocess.run(
@@ -230,7 +265,7 @@ def test_each_job_cluster_targets_job_parses_as_a_databricks_job(bundle, target:
     (task,) = job.tasks
     assert task.python_wheel_task.entry_point == "{{ cookiecutter.project_slug }}"
     assert task.new_cluster.data_security_mode.value == "SINGLE_USER"
-    assert [lib.whl for lib in task.libraries] == ["./dist/*.whl"]
+    assert [lib.whl for lib in task.libraries] == ["./dist/engine/*.whl", "./dist/*.whl"]
     assert job.max_concurrent_runs == 1
     assert not job.environments
     if target == "prod":
@@ -302,10 +337,10 @@ def test_the_serverless_target_runs_the_wheel_in_an_environment_on_a_schedule_un
 
     (task,) = job.tasks
     (environment,) = job.environments
-    # No cluster of its own and no cluster library: the environment holds the wheel.
+    # No cluster of its own and no cluster library: the environment holds both wheels.
     assert task.new_cluster is None and task.job_cluster_key is None and not task.libraries
     assert task.environment_key == environment.environment_key
-    assert list(environment.spec.dependencies) == ["./dist/*.whl"]
+    assert list(environment.spec.dependencies) == ["./dist/engine/*.whl", "./dist/*.whl"]
     assert job.continuous is None and job.schedule is not None
     if key == STREAM:
         # Serverless runs streams only until caught up: a processing-time trigger is refused.

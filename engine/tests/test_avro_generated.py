@@ -2,7 +2,7 @@
 against the development registry and decoded: every value reads back as written under the
 mapping of kafka_delta.decoding.avro_types, or its record is a dead letter with a reason; never
 an exception. KAFKA_DELTA_HYPOTHESIS_EXAMPLES sets the number of examples (default 15; e.g.
-``KAFKA_DELTA_HYPOTHESIS_EXAMPLES=500 .venv/bin/pytest -n 0 tests/engine/test_avro_generated.py``).
+``KAFKA_DELTA_HYPOTHESIS_EXAMPLES=500 .venv/bin/pytest -n 0 engine/tests/test_avro_generated.py``).
 """
 
 from __future__ import annotations

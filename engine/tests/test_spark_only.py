@@ -18,10 +18,11 @@ import json
 from pathlib import Path
 
 import pytest
-from kafka_delta.offsets.model import BatchCommit
-from support import PROJECT
 
-ENGINE = PROJECT / "src" / "kafka_delta"
+import kafka_delta
+from kafka_delta.offsets.model import BatchCommit
+
+ENGINE = Path(kafka_delta.__file__).parent
 
 # The cluster path's entry modules: the delta-spark sink and its store, the engine factory that
 # builds them, the commands as they run on a delta-spark sink, every module of offsets/, the
@@ -360,6 +361,7 @@ def test_a_table_by_name_takes_the_pipeline_and_a_reset_commits_through_delta_sp
     `offsets reset` on it is one commit of delta-spark's own writer (its commitInfo's
     engineInfo names Apache-Spark and Delta-Lake), all with kafka_delta refused deltalake."""
     import yaml
+
     from conftest import skip_without_connectors
     from kafka_delta.cli import main
     from kafka_delta.offsets.model import parse_user_metadata
@@ -406,6 +408,7 @@ def test_the_commands_on_a_delta_spark_table_go_through_spark_in_one_sentence(
     with them, Spark's answer for a table that is not there (no catalog main, no Delta table at
     the path), one sentence too. Exit code 2 either way, nothing written."""
     import yaml
+
     from kafka_delta.cli import main
     from kafka_delta.runtime.connectors import missing_connectors
 

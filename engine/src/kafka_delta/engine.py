@@ -13,7 +13,7 @@ sink          ``delta_rs``: Parquet files written by       ``delta_spark``: delt
 offset store  :mod:`.offsets.stored` on a delta-rs log     the same, on delta-spark's history
 ============  ==========================================  ==================================
 
-Both sinks keep one contract, proven by ``tests/engine/test_engine_contract.py`` over every mix:
+Both sinks keep one contract, proven by ``engine/tests/test_engine_contract.py`` over every mix:
 
 - one Delta commit per batch holds the rows, a ``txn(app_id, batch_id)`` action and the end
   offsets in ``userMetadata`` (:class:`.offsets.model.BatchCommit`);
