@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+
 from kafka_delta.config import PipelineConfig
 from kafka_delta_dev.orders import TRANSFORM as ORDERS
 

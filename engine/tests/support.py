@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from deltalake import DeltaTable
+
 from kafka_delta.config import PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin, total_lag
 from kafka_delta.recovery.checkpoint import CheckpointLog
@@ -66,6 +67,7 @@ def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
     import time
 
     from confluent_kafka.admin import AdminClient
+
     from kafka_delta_dev.produce import ensure_topics
 
     admin = AdminClient({"bootstrap.servers": bootstrap})

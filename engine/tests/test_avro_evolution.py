@@ -40,6 +40,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
 from kafka_delta.config import PipelineConfig
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.pipeline import Pipeline

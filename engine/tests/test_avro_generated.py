@@ -20,6 +20,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.versions import union_schemas
 from test_avro_types import decode

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA
 from kafka_delta.decoding.avro_types import DURATION, avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder
@@ -350,6 +351,7 @@ def test_an_avro_schema_reference_stops_the_start_up_naming_the_type(schema_regi
     another subject) are not resolved; Protobuf imports are (test_protobuf_types.py::
     test_imports_resolve_through_the_registrys_references)."""
     from confluent_kafka.schema_registry import Schema, SchemaReference
+
     from kafka_delta.config import DecodingConfig
     from kafka_delta.decoding.resolve import decode_spec
     from kafka_delta.decoding.spec import SchemaFileError

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 
 pytestmark = pytest.mark.spark

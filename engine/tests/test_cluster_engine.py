@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kafka_delta.cli import main
 from kafka_delta.config import KafkaConfig, PipelineConfig
 from kafka_delta.engine_factory import build_engine
@@ -337,8 +338,9 @@ def test_main_on_the_cluster_engine_without_its_jars_exits_2_saying_how_to_get_t
 def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_spark() -> None:
     from importlib.metadata import version
 
-    from kafka_delta.runtime.connectors import connector_packages
     from pyspark.sql import SparkSession
+
+    from kafka_delta.runtime.connectors import connector_packages
 
     delta, spark = version("delta-spark"), version("pyspark")
     spark_major_minor = ".".join(spark.split(".")[:2])
@@ -419,6 +421,7 @@ def test_timestamps_far_from_now_the_delta_spark_sink_writes_read_back_in_deltal
     import datetime as dt
 
     from deltalake import DeltaTable
+
     from kafka_delta.runtime.spark_session import READABLE_PARQUET, use_readable_parquet
 
     uri, new_sink = _delta_spark_sink(spark, tmp_path)

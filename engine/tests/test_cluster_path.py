@@ -33,8 +33,9 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
-from conftest import STANDIN, skip_without_connectors
 from deltalake import DeltaTable
+
+from conftest import STANDIN, skip_without_connectors
 from kafka_delta.cli import main
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.recovery.checkpoint import CheckpointLog

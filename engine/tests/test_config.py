@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kafka_delta.cli import main
 from kafka_delta.config import ConfigError, load_config
 from support import PROJECT

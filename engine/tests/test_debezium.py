@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import engine_config, skip_without_connectors
 from deltalake import DeltaTable
+
+from conftest import engine_config, skip_without_connectors
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
 from kafka_delta.contract import OP_COLUMN
 from kafka_delta.offsets.model import parse_user_metadata

@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder

@@ -14,8 +14,9 @@ import json
 import shutil
 
 import pytest
-from conftest import engine_config, skip_without_connectors
 from deltalake import DeltaTable
+
+from conftest import engine_config, skip_without_connectors
 from kafka_delta.engine_factory import build_engine
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.pipeline import Pipeline

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kafka_delta.runtime.task_errors import describe
 from kafka_delta_dev.produce import event, produce_values
 from support import PACKAGE, PROJECT, project_env

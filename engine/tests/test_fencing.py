@@ -5,6 +5,7 @@ partitions, whichever source planned it."""
 from __future__ import annotations
 
 import pytest
+
 from kafka_delta.offsets.fencing import FencingError, check_contiguous
 from kafka_delta.offsets.model import BatchCommit, StoredOffsets, first_offset
 

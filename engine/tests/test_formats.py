@@ -18,6 +18,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
+
 from kafka_delta.config import PipelineConfig
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.produce import order_event_avro, produce_values
@@ -293,6 +294,7 @@ def test_protobuf_from_the_registry_lands_typed(
     spark, kafka_bootstrap, new_topics, make_config, schema_registry
 ) -> None:
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
     from kafka_delta_dev.produce import order_event_message
 
     (topic,) = new_topics(1, partitions=2)
@@ -506,6 +508,7 @@ def test_the_cluster_engine_decodes_spark_kafka_columns_with_the_same_decoder(
     """Spark's kafka source is not available here: its DataFrame's shape is built by hand and
     decoded through mapInArrow, the cluster engine's path, against the read task's output."""
     import pyarrow as pa
+
     from kafka_delta.config import DecodingConfig
     from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
     from kafka_delta.decoding.decoder import decoder_for

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import STANDIN
 from deltalake import DeltaTable
+
+from conftest import STANDIN
 from kafka_delta.config import PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline

@@ -17,6 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient, header_schema_
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
+
 from kafka_delta.config import FormatConfig
 from kafka_delta.decoding.json_decoder import JsonDecoder
 from kafka_delta.decoding.json_types import json_schema_to_arrow

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kafka_delta.runtime import jvm_archive
 from kafka_delta.runtime.jvm_archive import DYNAMIC_MAGIC
 from kafka_delta_dev.pytest_plugin import NEEDS_JAVA, NO_JAVA

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import skip_without_connectors
 from deltalake import DeltaTable, write_deltalake
+
+from conftest import skip_without_connectors
 from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.runtime.faults import InjectedCrash, armed

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+
 from kafka_delta.cli import EXIT_UNAVAILABLE, _failed
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError, total_lag

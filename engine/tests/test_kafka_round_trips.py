@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.topic_identity import TopicRecreatedError
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.sources.kafka_datasource import KafkaStreamReader
 from kafka_delta_dev.produce import produce_events
-from pyspark.sql.streaming.datasource import ReadMaxRows
 from support import recreate_topic, table_ids
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

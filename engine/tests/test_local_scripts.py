@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from deltalake import DeltaTable
+
 from kafka_delta.runtime.connectors import connector_packages, connectors_missing_reason
 from kafka_delta_dev.produce import produce_events
 from kafka_delta_dev.pytest_plugin import JARS_DIR, WITH_CONNECTORS

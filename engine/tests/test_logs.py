@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
+
 from kafka_delta.cli import main
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.kafka.clients import admin_settings, consumer_settings

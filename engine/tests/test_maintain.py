@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import test_graceful_stop
 import yaml
 from deltalake import DeltaTable, write_deltalake
+
+import test_graceful_stop
 from kafka_delta.cli import main
 from kafka_delta.commands import table as table_command
 from kafka_delta.commands.table import DeltaRsMaintainer
@@ -475,6 +476,7 @@ def test_delta_interval_properties_read_as_hours() -> None:
 
 def test_the_bundles_maintenance_job_passes_arguments_the_table_command_takes() -> None:
     import yaml
+
     from kafka_delta.commands.table import parser
     from support import PROJECT
 

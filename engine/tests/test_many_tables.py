@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
 from kafka_delta.cli import main
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin
@@ -36,7 +38,6 @@ from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.debezium import produce_records
 from kafka_delta_dev.orders import transform as orders_transform
 from kafka_delta_dev.produce import EVENT_TYPES, produce_events, produce_values
-from pyspark.sql import functions as F
 from support import REPO, assert_exactly_once, assert_offsets_agree, forget_last_spark_commit
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+
 from kafka_delta.commands import report
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline

@@ -6,9 +6,10 @@ is in test_avro_types.py; the sink itself needs delta-spark's jars (test_formats
 
 from __future__ import annotations
 
+from pyspark.sql import types as T
+
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.sinks.delta_spark.narrowing import fit_to_table, narrower_columns
-from pyspark.sql import types as T
 
 TABLE = T.StructType(
     [

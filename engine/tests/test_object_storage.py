@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 import yaml
 from deltalake import DeltaTable
+
 from kafka_delta.cli import main
 from kafka_delta.config import PipelineConfig
 from kafka_delta.offsets.model import BatchCommit
@@ -197,9 +198,10 @@ def test_delta_spark_commit_copies_and_leases_live_beside_a_checkpoint_in_a_buck
     """The delta-spark sink's side files (commit copies, run leases) beside a checkpoint in a
     bucket, reached through pyarrow's own S3 file system with delta.storage_options' keys
     (never delta-rs: the cluster path imports none of it), and nothing in the table."""
+    from pyarrow import fs as pafs
+
     from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
     from kafka_delta.sinks.side_folder import open_side, table_key
-    from pyarrow import fs as pafs
 
     bucket = object_store.create_bucket(f"lake-{uuid.uuid4().hex[:8]}")
     options = object_store.storage_options()

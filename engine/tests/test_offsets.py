@@ -6,6 +6,7 @@ import itertools
 import json
 
 import pytest
+
 from kafka_delta.kafka.admin import Watermarks
 from kafka_delta.offsets.model import (
     BatchCommit,

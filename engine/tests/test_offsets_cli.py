@@ -20,8 +20,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import skip_without_connectors
 from deltalake import DeltaTable
+
+from conftest import skip_without_connectors
 from kafka_delta.cli import main
 from kafka_delta.commands.offsets import parser
 from kafka_delta.commands.reset import (
@@ -557,6 +558,7 @@ def test_reset_of_a_table_without_this_pipelines_commits_is_refused(
 @pytest.mark.parametrize("racer", ["delta_rs", "delta_spark"])
 def test_a_reset_and_a_pipeline_commit_racing_cannot_both_land(written, racer) -> None:
     from deltalake import CommitProperties, Transaction, write_deltalake
+
     from kafka_delta.offsets.model import fence_app_id
 
     cfg, topic = written

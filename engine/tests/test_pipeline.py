@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
+
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import CheckpointMismatchError, Pipeline, RunSummary
@@ -281,6 +282,7 @@ def test_offsets_kafka_no_longer_has_stop_the_pipeline_unless_skipping_is_allowe
     spark, kafka_bootstrap, new_topics, make_config, caplog
 ) -> None:
     from confluent_kafka.admin import AdminClient
+
     from kafka_delta_dev.produce import ensure_topics
 
     (topic,) = new_topics(1, partitions=1)

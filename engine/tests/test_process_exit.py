@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.sinks.delta_rs.sink import DeltaRsSink
 

@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
+
 from kafka_delta_dev.produce import (
     ORDER_EVENT_AVRO,
     order_event_descriptor_set,

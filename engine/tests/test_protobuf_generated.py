@@ -27,6 +27,7 @@ import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kafka_delta.decoding.spec import MessageSeenError
 from kafka_delta.pipeline import Pipeline
 from test_protobuf_types import (

@@ -18,6 +18,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+
 from kafka_delta.config import DecodingConfig
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA
 from kafka_delta.decoding.decoder import Decoder
@@ -538,6 +539,7 @@ def test_the_issues_second_message_lands_through_the_pipeline(
     spark, kafka_bootstrap, new_topics, make_config, schema_registry, sink_engine
 ) -> None:
     from deltalake import DeltaTable
+
     from kafka_delta.pipeline import Pipeline
     from kafka_delta_dev.produce import produce_values
 
@@ -568,6 +570,7 @@ def test_a_topic_of_the_files_second_message_lands_and_another_message_is_a_dead
     beside more Orders, in every partition, are dead letters naming the `message:` that would
     take them: the next run reads the table's message from its columns. Never a stop."""
     from deltalake import DeltaTable
+
     from kafka_delta.pipeline import Pipeline
     from kafka_delta_dev.produce import produce_values
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kafka_delta.runtime import python_launcher
 from kafka_delta.runtime.python_launcher import installed_package
 

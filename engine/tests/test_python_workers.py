@@ -12,6 +12,7 @@ import textwrap
 
 import pyarrow as pa
 import pytest
+
 from kafka_delta.config import KafkaConfig
 from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, RegistrySettings
 from kafka_delta.runtime.python_workers import warm_up

@@ -14,11 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import test_graceful_stop
 import yaml
-from conftest import skip_without_connectors
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+from pyspark.sql import functions as F
+
+import test_graceful_stop
+from conftest import skip_without_connectors
 from kafka_delta.cli import main
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.kafka.admin import KafkaAdmin
@@ -32,7 +34,6 @@ from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.orders import transform as default_transform
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR
-from pyspark.sql import functions as F
 from support import assert_exactly_once, assert_offsets_agree, recreate_topic, table_ids
 from test_graceful_stop import PACKAGE, _kill_group, _slow_project, _start, _wait_for
 from test_operations import _clean_up_the_log
@@ -789,9 +790,10 @@ def test_a_checkpoint_in_a_bucket_is_set_aside_without_sparks_jvm(object_store, 
     """A checkpoint on object storage is renamed through pyarrow's file system of its scheme, as
     a Spark Connect client (no JVM of its own) must do it; the credentials are the
     environment's, as on a cluster."""
+    from pyarrow import fs as pafs
+
     from kafka_delta.recovery.checkpoint import CheckpointLog
     from kafka_delta.recovery.verdict import set_aside
-    from pyarrow import fs as pafs
 
     for key, value in object_store.storage_options().items():
         monkeypatch.setenv(key, value)

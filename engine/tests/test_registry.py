@@ -667,6 +667,7 @@ def test_proto_text_of_a_descriptor_compiles_back_to_the_same_descriptor() -> No
     """The text a serialized registration reads back as: every construct of the well-known
     files (proto2 defaults, extensions, options, oneofs, maps, enums, services) survives."""
     from google.protobuf import api_pb2, descriptor_pb2, struct_pb2, type_pb2
+
     from kafka_delta_dev.registry import canonical_descriptor, compile_proto, proto_text
 
     for module in (descriptor_pb2, struct_pb2, type_pb2, api_pb2):

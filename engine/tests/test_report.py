@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kafka_delta.cli import main
 from kafka_delta.commands import report
 from kafka_delta.config import load_config

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 import yaml
 from deltalake import DeltaTable
+
 from kafka_delta.cli import main
 from kafka_delta.commands.reset import _refuse_if_running
 from kafka_delta.config import PipelineConfig

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+
 from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
 from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore

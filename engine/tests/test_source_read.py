@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
 from kafka_delta.sources.kafka_datasource import (
     DataLossError,

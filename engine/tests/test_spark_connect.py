@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import STANDIN
 from kafka_delta.pipeline import Pipeline, TriggerNotSupportedError, trigger_refused
 from kafka_delta.runtime.spark_session import default_parallelism, is_connect

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from kafka_delta_dev.pytest_plugin import NEEDS_JAVA, NO_JAVA
 
 RUN = textwrap.dedent(

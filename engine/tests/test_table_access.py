@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError, access_problem
 
 pytestmark = pytest.mark.spark
@@ -104,6 +105,7 @@ def test_other_failures_are_not_taken_for_bad_input() -> None:
 
 def _run(spark, tmp_path: Path, table: str, capsys) -> tuple[int, str]:
     import yaml
+
     from conftest import skip_without_connectors
     from kafka_delta.cli import main
     from support import PROJECT

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+
 from kafka_delta.offsets.history import (
     RestoreUnreadableError,
     live_history,

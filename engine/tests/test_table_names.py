@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kafka_delta.cli import main
 from kafka_delta.commands.arguments import add_config_options, build_config
 from kafka_delta.config import ConfigError, load_config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from chispa import assert_df_equality
+
 from kafka_delta.sinks.upsert import latest_per_key
 
 pytestmark = pytest.mark.spark

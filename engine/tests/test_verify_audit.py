@@ -17,8 +17,9 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from conftest import skip_without_connectors
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from conftest import skip_without_connectors
 from kafka_delta.cli import main
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.commit_back import OffsetCommitter
