@@ -1,6 +1,8 @@
 """Generated projects follow their template with cruft, proven on real git repositories in tmp:
-render at one template commit, let the user edit and commit, commit a fix to the engine in the
-template, and `cruft update` brings the fix while the user's edits survive."""
+render at one template commit, let the user edit and commit, commit a change to the template
+(a new engine version, a config comment), and `cruft update` brings it while the user's edits
+survive; a project that carried a copy of the engine moves to the engine as a dependency with one
+update and one install (engine/docs/migration.md)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,19 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "conf" / "embedded-local.yaml"
-ENGINE = "template/{{cookiecutter.project_slug}}/src/kafka_delta"
+ENGINE_PYPROJECT = "engine/pyproject.toml"
 USER_PACKAGE = "template/{{cookiecutter.project_slug}}/src/{{cookiecutter.package_name}}"
 PROJECT_CONF = "template/{{cookiecutter.project_slug}}/conf/local.yaml"
-# The last template commit whose projects carried the engine inside their own package
-# (src/<pkg>/offsets.py, ...): the migration test generates a project there.
-BEFORE_THE_ENGINE_MOVED_OUT = "df09585a65b1e319cae85a162203486b03b8b7d6"
+# The last release whose projects carried a copy of the engine (src/kafka_delta,
+# src/kafka_delta_dev, engine 0.2.0): the migration test generates a project there.
+LAST_RELEASE_WITH_A_COPY = "5df3c29c7f60625448edb883e66dc3d7ee7dcf28"
 
 if shutil.which("git") is None:
     pytest.skip("cruft works on git repositories: git is not on PATH", allow_module_level=True)
@@ -52,14 +55,27 @@ def cruft(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def template_repo(path: Path) -> str:
-    """A git repository holding this checkout's template/ (as the published repo does);
-    returns its first commit."""
-    shutil.copytree(
-        ROOT / "template",
-        path / "template",
-        ignore=shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache"),
+def copy_template_and_engine(path: Path) -> None:
+    """This checkout's template/ and engine/ (what a render reads: the template, and the engine's
+    version it pins) and the engine's wheels in dist/, as scripts/engine-wheels builds them."""
+    ignore = shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache")
+    for part in ("template", "engine"):
+        shutil.copytree(ROOT / part, path / part, ignore=ignore)
+    (path / ".gitignore").write_text("/dist/\n")
+    built = subprocess.run(
+        [str(ROOT / "scripts" / "engine-wheels"), str(path / "dist")],
+        env={**os.environ, "KD_VENV": str(Path(sys.executable).parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert built.returncode == 0, built.stdout + built.stderr
+
+
+def template_repo(path: Path) -> str:
+    """A git repository holding this checkout's template/ and engine/ (as the published repo
+    does); returns its first commit."""
+    copy_template_and_engine(path)
     git(path, "init", "-q", "-b", "main")
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "template at commit A")
@@ -72,7 +88,7 @@ def replace_once(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new), encoding="utf-8")
 
 
-def test_cruft_update_brings_an_engine_fix_and_keeps_the_users_edits(tmp_path: Path) -> None:
+def test_cruft_update_brings_a_new_engine_version_and_keeps_the_users_edits(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     repo = tmp_path / "template-repo"
@@ -117,10 +133,13 @@ def test_cruft_update_brings_an_engine_fix_and_keeps_the_users_edits(tmp_path: P
     )
     git(project, "commit", "-q", "-am", "our transform and batch size")
 
-    # 3. A fix to an engine file in the template (and changes elsewhere), committed there.
-    engine_fix = "\n\n# Fix from the template (commit B).\nTEMPLATE_FIX_B = True\n"
-    offsets = repo / ENGINE / "offsets" / "model.py"
-    offsets.write_text(offsets.read_text() + engine_fix)
+    pinned = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+    version = tomllib.loads((repo / ENGINE_PYPROJECT).read_text())["project"]["version"]
+    assert pinned == [f"kafka-delta=={version}"], pinned
+
+    # 3. A new engine release (the version the projects pin) and a change elsewhere, committed.
+    release = version + ".post1"
+    replace_once(repo / ENGINE_PYPROJECT, f'version = "{version}"', f'version = "{release}"')
     replace_once(
         repo / PROJECT_CONF,
         "  fail_on_data_loss: true\n",
@@ -128,17 +147,19 @@ def test_cruft_update_brings_an_engine_fix_and_keeps_the_users_edits(tmp_path: P
     )
     template_transform = repo / USER_PACKAGE / "transform.py"
     template_transform.write_text(template_transform.read_text() + "\n# sample changed in B\n")
-    git(repo, "commit", "-q", "-am", "commit B: fix the engine")
+    git(repo, "commit", "-q", "-am", "commit B: a new engine release")
     commit_b = git(repo, "rev-parse", "HEAD")
 
     behind = cruft(project, home, "check")
     assert behind.returncode == 1, behind.stdout + behind.stderr
 
-    # 4. cruft update brings the change.
+    # 4. cruft update brings the change: the project pins the new engine, and its bundle
+    # deploys that version's wheel.
     updated = cruft(project, home, "update", "-y")
     assert updated.returncode == 0, updated.stdout + updated.stderr
-    engine = project / "src" / "kafka_delta"
-    assert (engine / "offsets" / "model.py").read_text() == offsets.read_text()
+    pinned = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert pinned == [f"kafka-delta=={release}"], pinned
+    assert f"kafka_delta-{release}-py3-none-any.whl" in (project / "databricks.yml").read_text()
     assert json.loads((project / ".cruft.json").read_text())["commit"] == commit_b
     assert cruft(project, home, "check").returncode == 0
 
@@ -152,7 +173,9 @@ def test_cruft_update_brings_an_engine_fix_and_keeps_the_users_edits(tmp_path: P
     assert sorted(line.split()[-1] for line in changed) == [
         ".cruft.json",
         "conf/local.yaml",
-        "src/kafka_delta/offsets/model.py",
+        "databricks.yml",
+        "pyproject.toml",
+        "tests/test_bundle.py",  # it checks the version the wheel requires
     ], changed
     leftovers = [p for p in project.rglob("*") if p.suffix in {".rej", ".orig"}]
     assert not leftovers and "<<<<<<<" not in config
@@ -165,16 +188,55 @@ def _has_commit(commit: str) -> bool:
     return found.returncode == 0
 
 
-def test_a_project_generated_before_the_engine_moved_out_migrates_with_one_cruft_update(
+def offline_install(project: Path) -> Path:
+    """engine/docs/migration.md's install, `python -m pip install -r engine.txt -e '.[dev]'`,
+    into a fresh venv in ``project``, minus dependency resolution (no index here): the venv sees
+    this checkout's installed packages through a .pth file, which does not put this checkout's
+    engine sources on its path (a .pth in a folder a .pth adds is not read); the engine comes
+    from its wheels, where engine.txt points. Returns the venv's python."""
+    venv = project / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    shared = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "_shared.pth").write_text(shared + "\n")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    for args in (
+        ["--no-deps", "-r", "engine.txt", "kafka-delta", "kafka-delta-dev"],
+        ["--no-deps", "--no-build-isolation", "-e", ".[dev]"],
+    ):
+        installed = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+    return python
+
+
+def test_a_project_that_carried_a_copy_of_the_engine_moves_to_the_dependency_in_one_step(
     tmp_path: Path,
 ) -> None:
-    """docs/migration.md, as a user follows it: a project generated when the engine lived in its
-    own package takes the new layout (the engine as src/kafka_delta, the user's package small)
-    with one ``cruft update``; the user's edits survive, the one edit the note asks for is made,
-    and the project's suite passes."""
-    if not _has_commit(BEFORE_THE_ENGINE_MOVED_OUT):
+    """engine/docs/migration.md, as a user follows it: a project generated at the last release
+    that copied the engine into it (src/kafka_delta, src/kafka_delta_dev) takes the engine as a
+    dependency with one ``cruft update`` and the README's install; the copies are gone, the
+    user's edits survive, and the project's own suite passes on the engine's wheel."""
+    if not _has_commit(LAST_RELEASE_WITH_A_COPY):
         pytest.skip(
-            f"this clone lacks commit {BEFORE_THE_ENGINE_MOVED_OUT[:12]} (a shallow clone): the "
+            f"this clone lacks commit {LAST_RELEASE_WITH_A_COPY[:12]} (a shallow clone): the "
             "migration is tested from the template as it was there"
         )
     home = tmp_path / "home"
@@ -182,7 +244,7 @@ def test_a_project_generated_before_the_engine_moved_out_migrates_with_one_cruft
     repo = tmp_path / "template-repo"
     repo.mkdir()
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", BEFORE_THE_ENGINE_MOVED_OUT, "template"],
+        ["git", "archive", "--format=tar", LAST_RELEASE_WITH_A_COPY, "template"],
         cwd=ROOT,
         capture_output=True,
         check=True,
@@ -190,8 +252,7 @@ def test_a_project_generated_before_the_engine_moved_out_migrates_with_one_cruft
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "the engine inside the project's package")
-    old = git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-q", "-m", "the engine copied into each project")
 
     created = cruft(
         tmp_path,
@@ -209,7 +270,7 @@ def test_a_project_generated_before_the_engine_moved_out_migrates_with_one_cruft
     assert created.returncode == 0, created.stdout + created.stderr
     project = tmp_path / "projects" / "orders-stream"
     package = project / "src" / "orders_stream"
-    assert (package / "offsets.py").is_file()  # the old layout: the engine in the package
+    assert (project / "src" / "kafka_delta" / "pipeline.py").is_file()  # the copy
     git(project, "init", "-q", "-b", "main")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "generated")
@@ -222,50 +283,45 @@ def test_a_project_generated_before_the_engine_moved_out_migrates_with_one_cruft
     (package / "transform.py").write_text(user_transform)
     git(project, "commit", "-q", "-am", "our batch size and transform")
 
-    # The template moves on to today's layout.
+    # The template moves on: the engine is its own distribution beside it.
     shutil.rmtree(repo / "template")
-    shutil.copytree(
-        ROOT / "template",
-        repo / "template",
-        ignore=shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache"),
-    )
+    copy_template_and_engine(repo)
     git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "the engine as its own package")
+    git(repo, "commit", "-q", "-m", "the engine as a dependency")
     new = git(repo, "rev-parse", "HEAD")
-    assert new != old
 
+    # The one step: cruft update, then the README's install.
     updated = cruft(project, home, "update", "-y")
     assert updated.returncode == 0, updated.stdout + updated.stderr
     assert json.loads((project / ".cruft.json").read_text())["commit"] == new
     leftovers = [p for p in project.rglob("*") if p.suffix in {".rej", ".orig"}]
     config = (project / "conf" / "local.yaml").read_text()
     assert not leftovers and "<<<<<<<" not in config, leftovers
-    # The user's package holds the user's files only; the engine is src/kafka_delta.
-    assert sorted(p.name for p in package.iterdir() if p.name != "__pycache__") == [
-        "__init__.py",
-        "__main__.py",
-        "main.py",
-        "transform.py",
-    ]
-    assert (project / "src" / "kafka_delta" / "pipeline.py").is_file()
-    # The user's edits survive; the config gained the line naming the transform.
+    # No copy of the engine is left; src/ holds the user's package alone.
+    assert sorted(p.name for p in (project / "src").iterdir()) == ["orders_stream"]
+    assert (project / "engine.txt").is_file()
+    # The user's edits survive.
     assert "max_records_per_trigger: 1234" in config
-    assert "transform: orders_stream.transform:transform" in config
     assert (package / "transform.py").read_text() == user_transform
 
-    # docs/migration.md: the one edit of a file cruft leaves to the user.
-    replace_once(
-        project / "tests" / "test_transform.py",
-        "from orders_stream.embedded.source import SCHEMA\n",
-        "from kafka_delta import KAFKA_SCHEMA as SCHEMA\n",
-    )
+    python = offline_install(project)
     env = {
-        k: v for k, v in os.environ.items() if k not in {"KAFKA_BOOTSTRAP_SERVERS", "PYTHONPATH"}
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"KAFKA_BOOTSTRAP_SERVERS", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON"}
     }
-    suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"],
+    where = subprocess.run(
+        [str(python), "-c", "import kafka_delta; print(kafka_delta.__file__)"],
         cwd=project,
-        env={**env, "PYTHONPATH": str(project / "src")},
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert f"{project / '.venv'}" in where and "/site-packages/kafka_delta/" in where, where
+    suite = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"],
+        cwd=project,
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,

@@ -62,7 +62,7 @@ def test_repo_readme_shows_the_generated_readmes_quick_start(tmp_path: Path) -> 
     assert project_commands[1:-1] == generated
     # A venv first, then the install into it; scripts the project really has; no address.
     assert generated[0] == "python -m venv .venv && . .venv/bin/activate"
-    assert generated[1] == "python -m pip install -e '.[dev]'"
+    assert generated[1] == "python -m pip install -r engine.txt -e '.[dev]'"
     for command in generated:
         assert not ADDRESS.search(command), command
         for script in re.findall(r"scripts/\S+", command):
@@ -78,16 +78,16 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
     tmp_path: Path,
 ) -> None:
     generate, project_commands = repo_quick_start()
-    (create,) = [c for c in generate if "--no-input" in c]
+    # The README's generate block as one runs it without answering questions: the engine's
+    # wheels, then the render from the preset.
+    prepare = [c for c in generate if "cruft create" not in c or "--no-input" in c]
+    assert prepare[0] == "scripts/engine-wheels" and "--no-input" in prepare[-1], prepare
     # "$PWD" of the README is this checkout, whose HEAD cruft clones: use a repository holding
-    # the working tree's template instead, with the checkout's .venv beside it.
+    # the working tree's template and engine instead, with the checkout's .venv beside it.
     repo = tmp_path / "repo"
-    shutil.copytree(
-        ROOT / "template",
-        repo / "template",
-        ignore=shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache"),
-    )
-    shutil.copytree(ROOT / "conf", repo / "conf")
+    ignore = shutil.ignore_patterns("__pycache__", ".ruff_cache", ".pytest_cache")
+    for part in ("template", "engine", "conf", "scripts"):
+        shutil.copytree(ROOT / part, repo / part, ignore=ignore)
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "template"]):
         subprocess.run(
             ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
@@ -99,10 +99,12 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
 
     # The install is the README's, minus dependency resolution: the new venv sees this
     # checkout's installed packages through a .pth file (downloading pyspark again per test
-    # run would take minutes). Everything else runs as written.
-    install = "python -m pip install -e '.[dev]'"
+    # run would take minutes), and takes the engine from its real wheels, where engine.txt
+    # points (that .pth does not put this checkout's engine sources on the path: a .pth in a
+    # folder a .pth adds is not read). Everything else runs as written.
+    install = "python -m pip install -r engine.txt -e '.[dev]'"
     assert project_commands[-1] == "python -m pytest"  # the suite: tests/test_generated_project
-    script = ["set -euo pipefail", "set -x", f"cd {repo}", create]
+    script = ["set -euo pipefail", "set -x", f"cd {repo}", *prepare]
     for command in project_commands[:-1]:
         if command == install:
             shared = sysconfig.get_paths()["purelib"]
@@ -110,8 +112,17 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
                 "python -c 'import pathlib, sysconfig; pathlib.Path("
                 f'sysconfig.get_paths()["purelib"], "_shared.pth").write_text("{shared}\\n")\''
             )
+            script.append(
+                "python -m pip install --no-deps -r engine.txt kafka-delta kafka-delta-dev"
+            )
             command = "python -m pip install --no-deps --no-build-isolation -e '.[dev]'"
         script.append(command)
+        if command.startswith("python -m pip install --no-deps --no-build"):
+            # the project runs the engine of its wheel, not of this checkout
+            script.append(
+                "python -c 'import kafka_delta; where = kafka_delta.__file__; "
+                'assert "/site-packages/kafka_delta/" in where, where\''
+            )
     env = {
         k: v
         for k, v in os.environ.items()
@@ -183,7 +194,7 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         "README.md",
         "conf",
         "databricks.yml",
-        "docs",
+        "engine.txt",
         "pyproject.toml",
         "schemas",
         "scripts",

@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "template"
 HOOK = TEMPLATE / "hooks" / "pre_gen_project.py"
 PRESETS = sorted((ROOT / "conf").glob("*.yaml"))
+ENGINE_VERSION = tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"][
+    "version"
+]
 TEMPLATE_DEFAULTS = json.loads((TEMPLATE / "cookiecutter.json").read_text(encoding="utf-8"))
 
 # Tool caches left by running ruff/pytest inside template/ are untracked and never reach a
@@ -47,10 +50,10 @@ LOAD_CONFIGS = """
 import importlib, json, sys
 src, package, *paths = sys.argv[1:]
 sys.path.insert(0, src)
-# The project's own copy of the engine, first on the path.
+# The engine is the installed kafka-delta (this venv imports it from engine/), never the project's.
 config = importlib.import_module("kafka_delta.config")
 contract = importlib.import_module("kafka_delta.contract")
-assert config.__file__.startswith(src), config.__file__
+assert not config.__file__.startswith(src), config.__file__
 # conf/databricks.yaml of a project on Avro or Protobuf takes the registry URL from the job's
 # environment.
 environ = {"SCHEMA_REGISTRY_URL": "https://schema-registry.invalid"}
@@ -134,6 +137,16 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
     # run() leaves with the real exit status of main() (process_exit.py)
     assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
     assert (project / "src" / package / "main.py").is_file()
+    # The engine is a dependency by version, never a copy: src/ holds the user's package alone,
+    # and engine.txt sends pip to the wheels this checkout's scripts/engine-wheels builds.
+    assert sorted(p.name for p in (project / "src").iterdir()) == [package]
+    assert pyproject["project"]["dependencies"] == [f"kafka-delta=={ENGINE_VERSION}"]
+    dev = pyproject["project"]["optional-dependencies"]["dev"]
+    assert f"kafka-delta-dev=={ENGINE_VERSION}" in dev, dev
+    sources = [
+        line for line in (project / "engine.txt").read_text().splitlines() if line[:1] == "-"
+    ]
+    assert sources == [f"--find-links {ROOT / 'dist'}"], sources
 
     bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))
     assert bundle["bundle"]["name"] == slug
@@ -497,29 +510,35 @@ def test_hook_accepts_answers_at_the_edge_of_each_rule(answers: dict[str, str]) 
 
 # "docs/design.md section 3", "docs/design.md sections 4 and 5": what the engine's comments cite.
 DESIGN_CITATION = re.compile(r"docs/design\.md sections? (\d+(?:(?:, | and )\d+)*)")
+ENGINE = ROOT / "engine"
 
 
-def test_every_design_section_the_generated_code_cites_ships_with_it(tmp_path: Path) -> None:
+def test_every_design_section_the_engine_or_a_project_cites_is_in_the_engines_design_notes(
+    tmp_path: Path,
+) -> None:
     project = render(tmp_path).project
-    design = project / "docs" / "design.md"
-    assert design.is_file(), "the design notes the code cites are not in the generated project"
+    design = ENGINE / "docs" / "design.md"
     headings = set(re.findall(r"^## (\d+)\. \S", design.read_text(encoding="utf-8"), re.M))
 
     cited: dict[str, set[str]] = {}
     stale = []
-    for path in sorted(project.rglob("*")):
-        if not path.is_file() or path == design or CACHE_DIRS & set(path.parts):
+    files = [*ENGINE.glob("src/**/*.py"), *ENGINE.glob("dev/src/**/*.py"), *project.rglob("*")]
+    for path in sorted(files):
+        if not path.is_file() or CACHE_DIRS & set(path.parts):
             continue
-        relative = str(path.relative_to(project))
         text = path.read_text(encoding="utf-8", errors="replace")
         for numbers in DESIGN_CITATION.findall(text):
             for number in re.findall(r"\d+", numbers):
-                cited.setdefault(number, set()).add(relative)
+                cited.setdefault(number, set()).add(str(path))
         # The repo's contributor notes (DESIGN.md) do not ship: a citation of them dangles.
         if "DESIGN.md" in text:
-            stale.append(relative)
+            stale.append(str(path))
 
     assert cited, "no code cites docs/design.md: the check would pass vacuously"
     missing = {n: sorted(files) for n, files in cited.items() if n not in headings}
-    assert not missing, f"cited sections with no '## N.' heading in docs/design.md: {missing}"
-    assert not stale, f"files citing DESIGN.md, which the project does not ship: {stale}"
+    assert not missing, (
+        f"cited sections with no '## N.' heading in engine/docs/design.md: {missing}"
+    )
+    assert not stale, (
+        f"files citing DESIGN.md, which neither the engine nor a project ships: {stale}"
+    )

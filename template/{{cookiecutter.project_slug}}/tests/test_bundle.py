@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from kafka_delta import load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -82,7 +81,9 @@ def test_the_wheel_holds_this_project_only_and_depends_on_the_engine_by_version(
     with zipfile.ZipFile(wheel) as whl:
         modules = set(whl.namelist())
     requires = _requires(wheel)
-    packages = {n.split("/")[0] for n in modules} - {n.split("/")[0] for n in modules if ".dist-info/" in n}
+    packages = {n.split("/")[0] for n in modules} - {
+        n.split("/")[0] for n in modules if ".dist-info/" in n
+    }
     assert packages == {"{{ cookiecutter.package_name }}"}, packages
     for module in ("main.py", "transform.py"):
         assert f"{{ cookiecutter.package_name }}/{module}" in modules, module
@@ -113,7 +114,11 @@ def test_the_bundle_deploys_the_engines_wheel_before_the_projects_on_every_compu
 ) -> None:
     with zipfile.ZipFile(engine_wheel) as whl:
         modules = set(whl.namelist())
-    for module in ("kafka_delta/cli.py", "kafka_delta/pipeline.py", "kafka_delta/sources/spark_kafka.py"):
+    for module in (
+        "kafka_delta/cli.py",
+        "kafka_delta/pipeline.py",
+        "kafka_delta/sources/spark_kafka.py",
+    ):
         assert module in modules, module
     assert not [m for m in modules if m.startswith("kafka_delta_dev/")]
     engine_first = ["./dist/engine/*.whl", "./dist/*.whl"]
@@ -121,7 +126,9 @@ def test_the_bundle_deploys_the_engines_wheel_before_the_projects_on_every_compu
         for key in (STREAM, MAINTENANCE):
             job = _target_job(bundle, target, key)
             libraries = [lib["whl"] for task in job["tasks"] for lib in task.get("libraries", [])]
-            environments = [d for e in job.get("environments", []) for d in e["spec"]["dependencies"]]
+            environments = [
+                d for e in job.get("environments", []) for d in e["spec"]["dependencies"]
+            ]
             assert (libraries or environments) == engine_first, (target, key)
 
 
@@ -156,11 +163,11 @@ def test_neither_wheel_installs_pyspark_or_delta_spark_over_the_runtime(
     assert any(r.startswith("confluent-kafka") for r in _requires(engine_wheel))
 
 
-def test_wheels_console_script_prints_help(
-    wheel: Path, engine_wheel: Path, tmp_path: Path
-) -> None:
+def test_wheels_console_script_prints_help(wheel: Path, engine_wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    _pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel), str(engine_wheel))
+    _pip(
+        "install", "--no-deps", "--no-index", "--target", str(target), str(wheel), str(engine_wheel)
+    )
     (script,) = (target / "bin").glob("{{ cookiecutter.project_slug }}")
 
     result = subprocess.run(

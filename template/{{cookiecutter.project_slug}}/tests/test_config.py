@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from kafka_delta import load_config, load_transform
+
 from {{ cookiecutter.package_name }}.transform import transform
 
 PROJECT = Path(__file__).resolve().parents[1]

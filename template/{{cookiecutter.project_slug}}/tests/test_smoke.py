@@ -19,7 +19,6 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-
 from kafka_delta import load_config
 from kafka_delta_dev.produce import produce_events
 from kafka_delta_dev.pytest_plugin import connector_conf

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from chispa import assert_df_equality
+from kafka_delta import DEAD_LETTER_COLUMN, KAFKA_SCHEMA, parse_json_values
 from pyspark.sql import types as T
 
-from kafka_delta import DEAD_LETTER_COLUMN, KAFKA_SCHEMA, parse_json_values
 from {{ cookiecutter.package_name }}.transform import EVENT_SCHEMA, transform
 
 KAFKA_TS = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)

@@ -14,6 +14,7 @@ to the dead-letter table instead of the table, with its original record: keep ``
 
 from __future__ import annotations
 
+from kafka_delta import DEAD_LETTER_COLUMN, decoded_events, parse_json_values
 from pyspark.sql import DataFrame
 from pyspark.sql.types import (
     DoubleType,
@@ -23,8 +24,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-from kafka_delta import DEAD_LETTER_COLUMN, decoded_events, parse_json_values
 
 # The order events of schemas/order_event.ddl, for a raw topic parsed here instead.
 EVENT_SCHEMA = StructType(
