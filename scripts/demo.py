@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
-    # The project's own package, beside the engine in its src/: cookiecutter names it after the
+    # The project's own package, alone in its src/ (the engine is installed): named after the
     # project's folder (package_name = project_slug, "-" as "_").
     package = project.name.replace("-", "_")
     print(f"    {project} (package {package})")

@@ -31,7 +31,7 @@ HEAVY = {
     "tests/test_bench.py::test_tiny_benchmark": 95,
     "tests/test_ops.py::test_the_shrunk_case": 67,
     "tests/test_chaos.py::test_repeated_sigkills": 85,
-    "tests/test_cruft.py::test_a_project_generated_before": 71,
+    "tests/test_cruft.py::test_a_project_that_carried_a_copy": 40,
     "tests/test_generated_project.py::test_a_generated_projects_own_suite": 67,
     "engine/tests/test_object_storage.py::test_two_runs_racing": 60,
     "engine/tests/test_maintain.py::test_maintenance_beside_a_running_pipeline": 49,
