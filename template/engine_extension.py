@@ -34,12 +34,13 @@ def engine_wheels(context: Mapping[str, object]) -> str:
     """Where pip finds the engine's wheels for a project rendered with this cookiecutter
     ``context``: a local checkout's ``dist/`` (its ``scripts/engine-wheels`` builds them there),
     a GitHub repository's release of this version, or "" where neither is known (the project's
-    engine.txt then says what to write). ``_template`` is what the user named (cruft: the
-    repository; cookiecutter: the template folder, maybe relative), ``_repo_dir`` the folder
-    cookiecutter read (absolute; a clone for a URL)."""
-    template = str(context.get("_template", ""))
-    local = "://" not in template and not template.startswith(("git@", "gh:", "gl:", "bb:"))
-    text = str(context.get("_repo_dir") or template) if local else template
+    engine.txt then says what to write).
+
+    ``_template`` is what the user named: cruft makes a local one absolute (and renders from a
+    clone of it, so this module's own folder is not the user's checkout); plain cookiecutter
+    keeps it as typed, maybe relative, and renders from the checkout itself, so a relative one
+    is this module's own repository (cookiecutter changes the working folder while rendering)."""
+    text = str(context.get("_template", ""))
     match = _GITHUB.match(text)
     if match:
         owner, repo = match.groups()
@@ -48,10 +49,12 @@ def engine_wheels(context: Mapping[str, object]) -> str:
         text = text[len("file://") :]
     elif "://" in text or text.startswith(("git@", "gh:", "gl:", "bb:")):
         return ""
-    root = Path(text).expanduser().resolve()
+    root = Path(text).expanduser()
+    if not root.is_absolute():
+        return str(_ENGINE.parent / "dist")
     if (root / "cookiecutter.json").is_file():  # the template folder itself: its repository
         root = root.parent
-    return str(root / "dist")
+    return str(root.resolve() / "dist")
 
 
 class EngineExtension(Extension):

@@ -542,3 +542,19 @@ def test_every_design_section_the_engine_or_a_project_cites_is_in_the_engines_de
     assert not stale, (
         f"files citing DESIGN.md, which neither the engine nor a project ships: {stale}"
     )
+
+
+@pytest.mark.parametrize("named", ["template", "./template/", "."])
+def test_engine_txt_points_at_this_checkouts_wheels_however_the_template_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    """A relative template path (``cookiecutter template``, the README's one-off) is resolved
+    against the checkout, not the folder cookiecutter renders in."""
+    monkeypatch.chdir(TEMPLATE if named == "." else ROOT)
+    project = Path(
+        cookiecutter(named, no_input=True, default_config=True, output_dir=str(tmp_path / "out"))
+    )
+    sources = [
+        line for line in (project / "engine.txt").read_text().splitlines() if line[:1] == "-"
+    ]
+    assert sources == [f"--find-links {ROOT / 'dist'}"], sources
