@@ -347,7 +347,7 @@ def test_a_union_member_is_the_branch_written_not_the_one_the_value_would_fit(
 
 
 def test_an_avro_schema_reference_stops_the_start_up_naming_the_type(schema_registry) -> None:
-    """What the README's known limits say: Avro references (a named type registered under
+    """What docs/limits.md says: Avro references (a named type registered under
     another subject) are not resolved; Protobuf imports are (test_protobuf_types.py::
     test_imports_resolve_through_the_registrys_references)."""
     from confluent_kafka.schema_registry import Schema, SchemaReference
