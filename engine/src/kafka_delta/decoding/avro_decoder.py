@@ -42,9 +42,7 @@ from kafka_delta.decoding.avro_types import (
     plain_schema_tagged,
 )
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.framing import header_guids
-from kafka_delta.decoding.framing import parse as parse_frame
-from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.schema_registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
     SchemaChangedError,
@@ -52,6 +50,8 @@ from kafka_delta.decoding.spec import (
     SchemaIncompatibleError,
 )
 from kafka_delta.decoding.versions import compare_writer, fit_column
+from kafka_delta.decoding.wire_format import header_guids
+from kafka_delta.decoding.wire_format import parse as parse_frame
 
 
 class _Writer:
