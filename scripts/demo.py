@@ -27,7 +27,7 @@ from kafka_delta.kafka import admin as admin_mod
 from kafka_delta.sinks.delta_rs import offset_store as store_mod
 from kafka_delta_dev import broker as broker_mod
 from kafka_delta_dev import produce as produce_mod
-from kafka_delta_dev import registry as registry_mod
+from kafka_delta_dev import schema_registry_server as registry_mod
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from cookiecutter.main import cookiecutter
 from deltalake import DeltaTable
 from kafka_delta_dev.object_store import LocalS3
-from kafka_delta_dev.registry import LocalSchemaRegistry
+from kafka_delta_dev.schema_registry_server import LocalSchemaRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 # A folder of delta-spark jars (no Maven here): the delta_spark sink runs only with it.
@@ -47,8 +47,8 @@ class Project:
     conf: dict[str, Any]
 
     def registry(self, log_path: Path) -> LocalSchemaRegistry:
-        """The development Schema Registry (kafka_delta_dev.registry), started on a free
-        loopback port (its ``stop()`` ends it by pid)."""
+        """The development Schema Registry (kafka_delta_dev.schema_registry_server), started on a
+        free loopback port (its ``stop()`` ends it by pid)."""
         return LocalSchemaRegistry(log_path=log_path).start()
 
     def object_store(self, log_path: Path) -> LocalS3:

@@ -31,7 +31,7 @@ def test_scripts_broker_starts_the_broker_and_its_schema_registry_and_stops_both
         assert started.returncode == 0, started.stderr
         state = json.loads(state_file.read_text())
         assert started.stdout.strip() == state["bootstrap_servers"]
-        # The registry runs in its own process (python -m kafka_delta_dev.registry).
+        # The registry runs in its own process (python -m kafka_delta_dev.schema_registry_server).
         with urllib.request.urlopen(f"{state['schema_registry_url']}/subjects", timeout=10) as r:
             assert json.loads(r.read()) == []
     finally:

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder
-from kafka_delta.decoding.framing import Frame, parse
-from kafka_delta.decoding.registry import Registry, client_config
+from kafka_delta.decoding.schema_registry import Registry, client_config
 from kafka_delta.decoding.spec import (
     DecodeSpec,
     FieldSpec,
@@ -30,6 +29,7 @@ from kafka_delta.decoding.spec import (
     SchemaFileError,
 )
 from kafka_delta.decoding.versions import TIMESTAMP, union_schemas
+from kafka_delta.decoding.wire_format import Frame, parse
 from kafka_delta_dev.produce import (
     order_event_avro,
     order_event_descriptor_set,

@@ -94,7 +94,7 @@ def test_an_error_in_a_task_is_named_by_its_python_type_message_and_the_engine_p
     # Local functions: Spark's workers get them by value (they cannot import a test module).
     def _bad_frame(value):
         # The decoder's own code, raising in a task: a message index that is not a varint.
-        from kafka_delta.decoding.framing import _varint
+        from kafka_delta.decoding.wire_format import _varint
 
         return _varint(b"\x80", 0)[0] + value
 
@@ -109,7 +109,7 @@ def test_an_error_in_a_task_is_named_by_its_python_type_message_and_the_engine_p
     text = describe(failed.value, transform=None)
     assert text is not None and text.startswith(
         "ValueError: the message indexes end before the record does, raised in the decoder "
-        "(kafka_delta/decoding/framing.py line "
+        "(kafka_delta/decoding/wire_format.py line "
     ), text
     assert text.endswith(", in _varint)"), text
     # A transform the engine ships is told by its own module: the decoder's frame is not its.

@@ -511,8 +511,8 @@ def test_the_cluster_engine_decodes_spark_kafka_columns_with_the_same_decoder(
 
     from kafka_delta.config import DecodingConfig
     from kafka_delta.contract import KAFKA_ARROW_SCHEMA as ARROW_SCHEMA
+    from kafka_delta.decoding.dataframe import decode_frame
     from kafka_delta.decoding.decoder import decoder_for
-    from kafka_delta.decoding.frames import decode_frame
     from kafka_delta.decoding.resolve import decode_spec
 
     topic = f"cluster-{time.monotonic_ns()}"

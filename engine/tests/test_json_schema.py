@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from kafka_delta.config import FormatConfig
 from kafka_delta.decoding.json_decoder import JsonDecoder
 from kafka_delta.decoding.json_types import json_schema_to_arrow
-from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.schema_registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
     RegistrySettings,

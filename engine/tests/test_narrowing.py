@@ -1,15 +1,16 @@
-"""The delta-spark sink's half of the promotion rule (kafka_delta.sinks.delta_spark.narrowing),
-on the real Spark session: a batch whose producer's int became long, or float became double,
-goes into a table's narrower column where each value fits, and the rows whose value does not
-fit become dead letters naming the column, the value and both types. The delta-rs sink's half
-is in test_avro_types.py; the sink itself needs delta-spark's jars (test_formats.py)."""
+"""The promotion rule in Spark's types (kafka_delta.delta.promotion: the delta-spark sink and the
+delta-rs sink's Spark writer apply it), on the real Spark session: a batch whose producer's int
+became long, or float became double, goes into a table's narrower column where each value fits,
+and the rows whose value does not fit become dead letters naming the column, the value and both
+types. The delta-rs sink's half is in test_avro_types.py; the sink itself needs delta-spark's
+jars (test_formats.py)."""
 
 from __future__ import annotations
 
 from pyspark.sql import types as T
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
-from kafka_delta.sinks.delta_spark.narrowing import fit_to_table, narrower_columns
+from kafka_delta.delta.promotion import fit_to_table, narrower_columns
 
 TABLE = T.StructType(
     [

@@ -239,7 +239,7 @@ def test_delta_log_cleanup_loses_no_offsets_with_the_checkpoint_kept_or_deleted(
 
 def _copies(cfg) -> Path:
     """Where the delta-spark sink keeps the copies of the pipeline's commits on cfg's table."""
-    from kafka_delta.sinks.side_folder import table_key
+    from kafka_delta.delta.side_folder import table_key
 
     side = Path(f"{cfg.checkpoint}.kafka_delta")
     return side / cfg.pipeline_id / "commits" / table_key(cfg.delta.table)

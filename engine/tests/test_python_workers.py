@@ -122,7 +122,7 @@ def test_every_module_an_engine_warms_exists() -> None:
         "kafka_delta.decoding.avro_decoder",
         "kafka_delta.decoding.protobuf_decoder",
         "kafka_delta.decoding.json_decoder",
-        "kafka_delta.decoding.registry",
+        "kafka_delta.decoding.schema_registry",
         "confluent_kafka",
     } <= names
     for name in names:

@@ -1,7 +1,8 @@
-"""The development Schema Registry (devtools/registry.py) against confluent-kafka's own
-``SchemaRegistryClient`` and its Avro, Protobuf and JSON Schema serializers: the REST subset
-they use, Confluent's error codes, the Avro compatibility check, and state that outlives a stop.
-A real registry process on a loopback port (the ``schema_registry`` fixture), no mocks."""
+"""The development Schema Registry (kafka_delta_dev/schema_registry_server.py) against
+confluent-kafka's own ``SchemaRegistryClient`` and its Avro, Protobuf and JSON Schema
+serializers: the REST subset they use, Confluent's error codes, the Avro compatibility check, and
+state that outlives a stop. A real registry process on a loopback port (the ``schema_registry``
+fixture), no mocks."""
 
 from __future__ import annotations
 
@@ -372,7 +373,7 @@ def test_broker_start_starts_the_registry_too_and_stop_stops_both(tmp_path: Path
     cmdline = Path(f"/proc/{recorded['registry_pid']}/cmdline")
     for _ in range(100):
         try:
-            alive = b"kafka_delta_dev.registry" in cmdline.read_bytes()
+            alive = b"kafka_delta_dev.schema_registry_server" in cmdline.read_bytes()
         except OSError:
             alive = False
         if not alive:
@@ -389,7 +390,7 @@ def test_registry_cli_restarts_on_its_port_with_its_ids(tmp_path: Path) -> None:
 
     def registry(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "kafka_delta_dev.registry", *args],
+            [sys.executable, "-m", "kafka_delta_dev.schema_registry_server", *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -668,7 +669,11 @@ def test_proto_text_of_a_descriptor_compiles_back_to_the_same_descriptor() -> No
     files (proto2 defaults, extensions, options, oneofs, maps, enums, services) survives."""
     from google.protobuf import api_pb2, descriptor_pb2, struct_pb2, type_pb2
 
-    from kafka_delta_dev.registry import canonical_descriptor, compile_proto, proto_text
+    from kafka_delta_dev.schema_registry_server import (
+        canonical_descriptor,
+        compile_proto,
+        proto_text,
+    )
 
     for module in (descriptor_pb2, struct_pb2, type_pb2, api_pb2):
         file = descriptor_pb2.FileDescriptorProto()

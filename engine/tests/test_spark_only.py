@@ -26,7 +26,8 @@ ENGINE = Path(kafka_delta.__file__).parent
 
 # The cluster path's entry modules: the delta-spark sink and its store, the engine factory that
 # builds them, the commands as they run on a delta-spark sink, every module of offsets/, the
-# run lease and the side folder. Everything they import from kafka_delta is scanned too.
+# run lease, and the Delta layer's side folder, promotion rule and locations. Everything they
+# import from kafka_delta is scanned too.
 ENTRIES = (
     "kafka_delta.cli",
     "kafka_delta.pipeline",
@@ -37,8 +38,10 @@ ENTRIES = (
     "kafka_delta.sinks.delta_spark.offset_store",
     "kafka_delta.sinks.delta_spark.commit_copies",
     "kafka_delta.sinks.delta_spark.table",
-    "kafka_delta.sinks.delta_spark.narrowing",
-    "kafka_delta.sinks.side_folder",
+    "kafka_delta.sinks.delta_spark.widening",
+    "kafka_delta.delta.side_folder",
+    "kafka_delta.delta.promotion",
+    "kafka_delta.delta.locations",
     "kafka_delta.engine_factory",
     "kafka_delta.commands.offsets",
     "kafka_delta.commands.reset",
@@ -60,7 +63,7 @@ EMBEDDED_BRANCHES = {
     ("kafka_delta.commands.table_log", "kafka_delta.sinks.delta_rs.offset_store"): (
         "open_table / table_log for engine.sink delta_rs"
     ),
-    ("kafka_delta.recovery.lease", "kafka_delta.sinks.table_storage"): (
+    ("kafka_delta.recovery.lease", "kafka_delta.delta.table_storage"): (
         "the delta-rs sink's lease folder in its table"
     ),
     ("kafka_delta.sinks.dead_letters", "kafka_delta.sinks.delta_rs.offset_store"): (
@@ -143,7 +146,7 @@ class _Scan(ast.NodeVisitor):
         self._imported(base)
         if base.startswith("kafka_delta"):
             for alias in node.names:
-                # `from kafka_delta.sinks import side_folder` imports a module too.
+                # `from kafka_delta.delta import side_folder` imports a module too.
                 if _source(f"{base}.{alias.name}") is not None:
                     self.imports.add(f"{base}.{alias.name}")
 
@@ -254,8 +257,8 @@ def _spark_config(tmp_path: Path, table: str = "main.sales.orders"):
 def test_a_delta_spark_runs_lease_lives_beside_its_checkpoint_never_in_the_table(
     tmp_path: Path,
 ) -> None:
+    from kafka_delta.delta.side_folder import table_key
     from kafka_delta.recovery.lease import RunLease, active_leases_of, leases_of
-    from kafka_delta.sinks.side_folder import table_key
 
     cfg = _spark_config(tmp_path)
     with RunLease.hold(cfg) as lease:
@@ -311,8 +314,8 @@ def test_one_run_leases_each_of_its_tables_on_one_checkpoint_and_a_second_run_is
 def test_commit_copies_are_kept_beside_the_checkpoint_per_table_and_the_newest_is_read(
     tmp_path: Path,
 ) -> None:
+    from kafka_delta.delta.side_folder import table_key
     from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-    from kafka_delta.sinks.side_folder import table_key
 
     checkpoint = str(tmp_path / "cp")
     copies = CommitCopies("main.sales.orders", checkpoint, "p")
@@ -339,7 +342,7 @@ def test_commit_copies_are_kept_beside_the_checkpoint_per_table_and_the_newest_i
 
 
 def test_the_side_folder_of_each_sink() -> None:
-    from kafka_delta.sinks.side_folder import open_side, side_location
+    from kafka_delta.delta.side_folder import open_side, side_location
 
     assert side_location("delta_rs", "/t/orders/", "/c/o") == "/t/orders/_kafka_delta"
     assert side_location("delta_spark", "main.s.orders", "/Volumes/main/s/v/cp/") == (

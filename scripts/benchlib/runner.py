@@ -114,10 +114,10 @@ class Bench:
 
     @property
     def registry_url(self) -> str:
-        """The development Schema Registry (kafka_delta_dev.registry), started on first use
-        (Avro rows), stopped by pid when the run ends."""
+        """The development Schema Registry (kafka_delta_dev.schema_registry_server), started on
+        first use (Avro rows), stopped by pid when the run ends."""
         if self.registry is None:
-            from kafka_delta_dev.registry import LocalSchemaRegistry
+            from kafka_delta_dev.schema_registry_server import LocalSchemaRegistry
 
             self.registry = LocalSchemaRegistry(log_path=self.out / "logs" / "registry.log").start()
         return str(self.registry.url)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1, and
-# beside it the development Schema Registry (kafka_delta_dev/registry.py; its URL in .broker.json).
+# beside it the development Schema Registry (kafka_delta_dev/schema_registry_server.py; its URL in .broker.json).
 #   scripts/broker.sh start [--port 9092]    prints the bootstrap address, keeps it in .broker.json
 #   scripts/broker.sh address                prints the running broker's address
 #   scripts/broker.sh registry-url           prints the development Schema Registry's URL

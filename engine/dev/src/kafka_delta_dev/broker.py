@@ -10,10 +10,11 @@
 address of the broker it names if that broker is still running: how scripts/run_local.sh and
 scripts/produce.sh find the broker without its (random) port being pasted anywhere.
 
-``start`` also starts the development Schema Registry (:mod:`.registry`) beside the broker, and
-keeps its URL in the state file under ``schema_registry_url`` (its pid under ``registry_pid``);
-``registry-url`` prints it, ``stop`` stops both, each by its pid. The registry's data
-(``.broker.registry.json``) goes with ``stop``, as the broker's memory storage does.
+``start`` also starts the development Schema Registry (:mod:`.schema_registry_server`) beside
+the broker, and keeps its URL in the state file under ``schema_registry_url`` (its pid under
+``registry_pid``); ``registry-url`` prints it, ``stop`` stops both, each by its pid. The
+registry's data (``.broker.registry.json``) goes with ``stop``, as the broker's memory storage
+does.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ from typing import Any
 
 from kafka_delta.runtime.local_services import StateFileError, broker_running, read_state
 from kafka_delta_dev.children import HOST, ChildServer, die_with_parent, free_port
-from kafka_delta_dev.registry import LocalSchemaRegistry, RegistryError, is_registry_process
-from kafka_delta_dev.registry import stop_pid as stop_registry_pid
+from kafka_delta_dev.schema_registry_server import (
+    LocalSchemaRegistry,
+    RegistryError,
+    is_registry_process,
+)
+from kafka_delta_dev.schema_registry_server import stop_pid as stop_registry_pid
 
 
 class BrokerError(RuntimeError):

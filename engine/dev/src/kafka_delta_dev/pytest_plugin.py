@@ -214,7 +214,7 @@ def make_config(tmp_path: Path, kafka_bootstrap: str) -> Callable[..., PipelineC
     return make
 
 
-# --- the development Schema Registry (devtools/registry.py) ---------------------------------
+# --- the development Schema Registry (schema_registry_server.py) ----------------------------
 
 
 class SchemaRegistryProcess:
@@ -223,7 +223,7 @@ class SchemaRegistryProcess:
     how a test plays "registry down" and "registry up"."""
 
     def __init__(self, data_path: Path) -> None:
-        from kafka_delta_dev.registry import LocalSchemaRegistry
+        from kafka_delta_dev.schema_registry_server import LocalSchemaRegistry
 
         self._registry = LocalSchemaRegistry(
             data_path=data_path, log_path=data_path.with_suffix(".log")
@@ -279,7 +279,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory):
 def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistryProcess]:
     """The development Schema Registry on a free loopback port (``.url``), stopped by its pid
     at the end of the session; ``.stop()``, ``.start()`` and ``.down()`` for outage tests."""
-    from kafka_delta_dev.registry import RegistryError
+    from kafka_delta_dev.schema_registry_server import RegistryError
 
     registry = SchemaRegistryProcess(tmp_path_factory.mktemp("schema-registry") / "state.json")
     try:

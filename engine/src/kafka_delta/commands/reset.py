@@ -48,6 +48,7 @@ from kafka_delta.commands.table_log import (
     stored_offsets,
 )
 from kafka_delta.config import PipelineConfig
+from kafka_delta.delta.locations import local_path
 from kafka_delta.kafka.admin import KafkaAdmin, Watermarks
 from kafka_delta.kafka.commit_back import OffsetCommitter
 from kafka_delta.offsets.model import (
@@ -62,7 +63,7 @@ from kafka_delta.offsets.model import (
     same_topic_id,
 )
 from kafka_delta.offsets.stored import OffsetsExpiredError
-from kafka_delta.recovery.checkpoint import CheckpointLog, local_path
+from kafka_delta.recovery.checkpoint import CheckpointLog
 from kafka_delta.recovery.lease import LeaseUnavailableError, active_leases_of
 
 

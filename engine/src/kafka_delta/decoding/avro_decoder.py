@@ -15,10 +15,10 @@ with the reader once, before any of its records is decoded (:func:`.versions.com
 
 Logical types come back from fastavro as plain values (they are left out of the schema it
 reads with, :func:`.avro_types.plain_schema`) and become their columns as whole Arrow
-columns (:func:`finish`): a ``datetime`` or ``UUID`` per record costs more than the rest of the
-record. Columns of another type than the reader's (a promotion, a union) are fitted to it as
-whole columns too (:func:`.versions.fit_column`); a value that does not fit makes its record a
-dead letter.
+columns (:func:`.avro_types.finish`): a ``datetime`` or ``UUID`` per record costs more than the
+rest of the record. Columns of another type than the reader's (a promotion, a union) are fitted
+to it as whole columns too (:func:`.versions.fit_column`); a value that does not fit makes its
+record a dead letter.
 """
 
 from __future__ import annotations
@@ -33,18 +33,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_delta.decoding.avro_types import (
-    DURATION,
     AvroColumn,
     avro_columns,
     field_default,
+    finish,
     is_record,
     parse,
     plain_schema_tagged,
 )
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.framing import header_guids
-from kafka_delta.decoding.framing import parse as parse_frame
-from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.schema_registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
     SchemaChangedError,
@@ -52,6 +50,8 @@ from kafka_delta.decoding.spec import (
     SchemaIncompatibleError,
 )
 from kafka_delta.decoding.versions import compare_writer, fit_column
+from kafka_delta.decoding.wire_format import header_guids
+from kafka_delta.decoding.wire_format import parse as parse_frame
 
 
 class _Writer:
@@ -84,48 +84,6 @@ class _Writer:
             {"return_named_type": True, "return_named_type_override": True} if tagged else {}
         )
         self.primitive = not is_record(parsed)
-
-
-def finish(raw: pa.Array, final: pa.DataType) -> pa.Array:
-    """A column as fastavro's plain values built it (``AvroColumn.raw``) as its final type."""
-    if raw.type == final:
-        return raw
-    t = raw.type
-    if pa.types.is_timestamp(t):
-        return raw.cast(final, safe=t.unit != "ns")  # nanoseconds: truncated to microseconds
-    if pa.types.is_fixed_size_binary(t) and final == DURATION:
-        return _duration(raw)
-    if pa.types.is_struct(t) and pa.types.is_struct(final):
-        children = [finish(raw.field(i), f.type) for i, f in enumerate(final)]
-        built = pa.StructArray.from_arrays(
-            children,
-            fields=[f.with_nullable(True) for f in final],
-            mask=raw.is_null() if raw.null_count else None,
-        )
-        return built.cast(final)
-    if pa.types.is_list(t) and pa.types.is_list(final):
-        values = finish(raw.values, final.value_type)
-        return pa.ListArray.from_arrays(
-            raw.offsets, values, mask=raw.is_null() if raw.null_count else None
-        ).cast(final)
-    if pa.types.is_map(t) and pa.types.is_map(final):
-        items = finish(raw.items, final.item_type)
-        return pa.MapArray.from_arrays(
-            raw.offsets, raw.keys, items, mask=raw.is_null() if raw.null_count else None
-        ).cast(final)
-    return raw.cast(final)
-
-
-def _duration(raw: pa.Array) -> pa.Array:
-    """Avro's duration (three little-endian unsigned 32-bit ints) as months, days, millis."""
-    n = len(raw)
-    data = raw.buffers()[1]
-    words = np.frombuffer(data, dtype="<u4", count=3 * (raw.offset + n))[3 * raw.offset :]
-    words = words.reshape(n, 3).astype(np.int64)
-    mask = raw.is_null() if raw.null_count else None
-    return pa.StructArray.from_arrays(
-        [pa.array(words[:, i]) for i in range(3)], fields=list(DURATION), mask=mask
-    )
 
 
 def _build(values: list[Any], column: AvroColumn) -> pa.Array:

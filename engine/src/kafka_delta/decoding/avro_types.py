@@ -46,10 +46,11 @@ schema that lacks the field, no work per record. A field without a default (or w
 does not match its type) reads null, as a field of a nested record the writer lacks does.
 
 Values are decoded by fastavro with the logical types left out of the schema it reads with
-(``plain_schema``) and turned into the columns above as whole Arrow columns (``finish`` in
-:mod:`.avro_decoder`): the raw Arrow type of each column (``AvroColumn.raw``) is what
-``pyarrow.array`` builds from fastavro's values in C++; only multi-type unions and recursive
-references need Python per value (``AvroColumn.prep``).
+(``plain_schema``) and turned into the columns above as whole Arrow columns (:func:`finish`,
+here with the mapping it completes: the decoder and the defaults above both go through it): the
+raw Arrow type of each column (``AvroColumn.raw``) is what ``pyarrow.array`` builds from
+fastavro's values in C++; only multi-type unions and recursive references need Python per value
+(``AvroColumn.prep``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from kafka_delta.decoding.spec import SchemaFileError
@@ -128,6 +130,48 @@ class AvroColumn:
     prep: Callable[[Any], Any] | None = None
 
 
+def finish(raw: pa.Array, final: pa.DataType) -> pa.Array:
+    """A column as fastavro's plain values built it (``AvroColumn.raw``) as its final type."""
+    if raw.type == final:
+        return raw
+    t = raw.type
+    if pa.types.is_timestamp(t):
+        return raw.cast(final, safe=t.unit != "ns")  # nanoseconds: truncated to microseconds
+    if pa.types.is_fixed_size_binary(t) and final == DURATION:
+        return _duration(raw)
+    if pa.types.is_struct(t) and pa.types.is_struct(final):
+        children = [finish(raw.field(i), f.type) for i, f in enumerate(final)]
+        built = pa.StructArray.from_arrays(
+            children,
+            fields=[f.with_nullable(True) for f in final],
+            mask=raw.is_null() if raw.null_count else None,
+        )
+        return built.cast(final)
+    if pa.types.is_list(t) and pa.types.is_list(final):
+        values = finish(raw.values, final.value_type)
+        return pa.ListArray.from_arrays(
+            raw.offsets, values, mask=raw.is_null() if raw.null_count else None
+        ).cast(final)
+    if pa.types.is_map(t) and pa.types.is_map(final):
+        items = finish(raw.items, final.item_type)
+        return pa.MapArray.from_arrays(
+            raw.offsets, raw.keys, items, mask=raw.is_null() if raw.null_count else None
+        ).cast(final)
+    return raw.cast(final)
+
+
+def _duration(raw: pa.Array) -> pa.Array:
+    """Avro's duration (three little-endian unsigned 32-bit ints) as months, days, millis."""
+    n = len(raw)
+    data = raw.buffers()[1]
+    words = np.frombuffer(data, dtype="<u4", count=3 * (raw.offset + n))[3 * raw.offset :]
+    words = words.reshape(n, 3).astype(np.int64)
+    mask = raw.is_null() if raw.null_count else None
+    return pa.StructArray.from_arrays(
+        [pa.array(words[:, i]) for i in range(3)], fields=list(DURATION), mask=mask
+    )
+
+
 # The field metadata key holding a field's Avro default (see the module's docstring).
 DEFAULT_KEY = b"kafka_delta.avro.default"
 
@@ -153,8 +197,6 @@ def avro_defaults(schema: str | dict[str, Any] | list) -> dict[str, bytes]:
     """The non-null defaults of a record schema's fields, each a one-value column of the
     field's type serialized for the field's metadata; a default that does not match its field's
     type (a writer's mistake the registry did not catch) is left out: the field reads null."""
-    from kafka_delta.decoding.avro_decoder import finish
-
     parsed = parse(schema)
     if not is_record(parsed):
         return {}

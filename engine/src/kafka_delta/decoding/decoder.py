@@ -99,14 +99,14 @@ def decoder_modules(spec: DecodeSpec) -> tuple[str, ...]:
     return (
         __name__,
         *(f"{package}.{names[f]}" for f in sorted(formats) if f in names),
-        *((f"{package}.registry",) if spec.registry is not None else ()),
+        *((f"{package}.schema_registry",) if spec.registry is not None else ()),
     )
 
 
 def _part_decoder(field: FieldSpec, spec: DecodeSpec, part: str) -> PartDecoder:
     registry = None
     if spec.registry is not None:
-        from kafka_delta.decoding.registry import registry_for
+        from kafka_delta.decoding.schema_registry import registry_for
 
         registry = registry_for(spec.registry)
     if field.format == "avro":

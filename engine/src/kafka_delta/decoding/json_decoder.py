@@ -19,9 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.framing import header_guids, parse
 from kafka_delta.decoding.json_types import json_schema_to_arrow, read_schema, required_of
-from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.schema_registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
     SchemaChangedError,
@@ -29,6 +28,7 @@ from kafka_delta.decoding.spec import (
     SchemaIncompatibleError,
 )
 from kafka_delta.decoding.versions import compare_writer
+from kafka_delta.decoding.wire_format import header_guids, parse
 
 
 class JsonDecoder:

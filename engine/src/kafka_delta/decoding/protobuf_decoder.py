@@ -12,7 +12,6 @@ from typing import Any
 import pyarrow as pa
 
 from kafka_delta.decoding.columns import assemble
-from kafka_delta.decoding.framing import header_guids, parse
 from kafka_delta.decoding.protobuf_types import (
     default_message,
     find_message,
@@ -22,7 +21,7 @@ from kafka_delta.decoding.protobuf_types import (
     message_to_arrow,
     protobuf_file,
 )
-from kafka_delta.decoding.registry import Registry
+from kafka_delta.decoding.schema_registry import Registry
 from kafka_delta.decoding.spec import (
     FieldSpec,
     MessageSeenError,
@@ -30,6 +29,7 @@ from kafka_delta.decoding.spec import (
     SchemaFileError,
 )
 from kafka_delta.decoding.versions import compare_writer
+from kafka_delta.decoding.wire_format import header_guids, parse
 
 Convert = Callable[[Any], Any]
 

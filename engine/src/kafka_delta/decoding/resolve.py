@@ -26,7 +26,7 @@ from kafka_delta.config import DecodingConfig, FormatConfig, PipelineConfig
 from kafka_delta.decoding.avro_types import avro_to_arrow
 from kafka_delta.decoding.json_types import json_schema_to_arrow
 from kafka_delta.decoding.protobuf_types import protobuf_to_arrow
-from kafka_delta.decoding.registry import registry_for
+from kafka_delta.decoding.schema_registry import registry_for
 from kafka_delta.decoding.spec import (
     DecodeSpec,
     FieldSpec,

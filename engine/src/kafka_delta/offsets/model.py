@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 METADATA_KEY = "kafka_delta"
 # The folder inside a table where the delta-rs sink's runs keep their leases
 # (recovery/lease.py); the delta-spark sink keeps its side files beside the checkpoint instead
-# (sinks/side_folder.py). Delta's readers and VACUUM skip folders whose names start with "_".
+# (delta/side_folder.py). Delta's readers and VACUUM skip folders whose names start with "_".
 TABLE_SIDE_FOLDER = "_kafka_delta"
 METADATA_FORMAT = 1
 

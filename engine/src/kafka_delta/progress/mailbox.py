@@ -73,7 +73,7 @@ class BatchMailbox:
 
     def _open(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
-            from kafka_delta.sinks.side_folder import open_side
+            from kafka_delta.delta.side_folder import open_side
 
             # The checkpoint's location opened as the engine's other files by it are.
             self._fs, root = open_side(self.location)

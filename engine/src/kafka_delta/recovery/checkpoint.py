@@ -22,11 +22,10 @@ itself, so the checkpoint may live wherever Spark can write it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from kafka_delta.delta.locations import local_path
 from kafka_delta.offsets.model import Offsets, offsets_from_json
 
 # First line of an ``offsets/<batch_id>`` file: the formats this module reads.
@@ -35,16 +34,6 @@ _OFFSET_LOG_VERSIONS = frozenset({"v1", "v2"})
 
 class CheckpointMismatchError(RuntimeError):
     """The Spark checkpoint and the Delta table disagree in a way that would lose data."""
-
-
-def local_path(location: str) -> Path | None:
-    """The local file system path of ``location``, or None when it is a remote URI."""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme == "" or (len(parsed.scheme) == 1 and location[1:3] in (":\\", ":/")):
-        return Path(location)
-    return None
 
 
 class CheckpointLog:

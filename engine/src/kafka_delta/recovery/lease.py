@@ -2,7 +2,7 @@
 run of the pipeline is active, instead of guessing.
 
 While :meth:`..pipeline.Pipeline.run` runs it keeps a small JSON file in the pipeline's side
-folder (:mod:`kafka_delta.sinks.side_folder`), ``<side>/<pipeline_id>/runs/<run id>.json``
+folder (:mod:`kafka_delta.delta.side_folder`), ``<side>/<pipeline_id>/runs/<run id>.json``
 (host, pid, checkpoint, query id, start time, heartbeat), refreshes its heartbeat every
 :data:`HEARTBEAT_SECONDS` from a daemon thread, and removes it on exit. One file per run, so two
 runs (two checkpoints) never overwrite each other's lease.
@@ -70,10 +70,10 @@ from pathlib import Path
 from pyarrow import fs as pafs
 
 from kafka_delta.config import PipelineConfig
+from kafka_delta.delta import side_folder
+from kafka_delta.delta.locations import local_path
 from kafka_delta.offsets.model import TABLE_SIDE_FOLDER
-from kafka_delta.recovery.checkpoint import local_path
 from kafka_delta.runtime.processes import pid_exists
-from kafka_delta.sinks import side_folder
 
 # Object stores reached through delta-rs take whole payloads: a small file is written through a
 # buffered stream (an unbuffered write hands it a pyarrow Buffer, which it refuses).
@@ -223,8 +223,8 @@ def _table_runs_folder(
 ) -> LeaseFolder:
     """The delta-rs sink's lease folder, reached with the table's storage options (an object
     store's endpoint, region and credentials are the commit's: see
-    :mod:`kafka_delta.sinks.table_storage`; the embedded engine only)."""
-    from kafka_delta.sinks.table_storage import display, join, open_filesystem
+    :mod:`kafka_delta.delta.table_storage`; the embedded engine only)."""
+    from kafka_delta.delta.table_storage import display, join, open_filesystem
 
     try:
         filesystem, root = open_filesystem(table_uri, storage_options, create=False)

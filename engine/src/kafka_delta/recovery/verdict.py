@@ -30,8 +30,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kafka_delta.delta.locations import local_path
 from kafka_delta.offsets.model import StoredOffsets, app_id
-from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError, local_path
+from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 
 log = logging.getLogger(__name__)
 

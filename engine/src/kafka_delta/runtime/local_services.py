@@ -59,9 +59,10 @@ def broker_running(state: dict[str, Any]) -> bool:
 
 
 def registry_running(state: dict[str, Any]) -> bool:
-    """The state's Schema Registry (``python -m kafka_delta_dev.registry``) is alive."""
+    """The state's Schema Registry (``python -m kafka_delta_dev.schema_registry_server``) is
+    alive."""
     pid = state.get("registry_pid")
-    return isinstance(pid, int) and _runs(pid, b"kafka_delta_dev.registry")
+    return isinstance(pid, int) and _runs(pid, b"kafka_delta_dev.schema_registry_server")
 
 
 def state_path_of(config_path: Path) -> Path | None:

@@ -11,8 +11,8 @@ import socket
 from pathlib import Path
 
 from kafka_delta.config import PipelineConfig
+from kafka_delta.delta.locations import local_path
 from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError
-from kafka_delta.recovery.checkpoint import local_path
 from kafka_delta.table_names import is_table_name
 
 # Long enough for a broker across a slow network to answer a metadata request, short enough

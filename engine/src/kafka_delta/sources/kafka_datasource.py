@@ -663,7 +663,7 @@ class KafkaDataSource(DataSource):
         spec = self.options.get("decodeSpec")
         if not spec:
             return KAFKA_SCHEMA
-        from kafka_delta.decoding.frames import spark_schema
+        from kafka_delta.decoding.dataframe import spark_schema
         from kafka_delta.decoding.spec import DecodeSpec
 
         return spark_schema(DecodeSpec.from_json(spec))

@@ -129,7 +129,7 @@ class SparkKafkaSource:
         if decode is None:
             return df
         # The same decoder as the embedded source's read task, in the executors.
-        from kafka_delta.decoding.frames import decode_frame
+        from kafka_delta.decoding.dataframe import decode_frame
 
         return decode_frame(df, decode)
 

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kafka_delta.sinks.table_storage import open_filesystem
+from kafka_delta.delta.table_storage import open_filesystem
 
 log = logging.getLogger(__name__)
 

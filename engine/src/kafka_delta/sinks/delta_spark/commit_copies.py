@@ -12,7 +12,7 @@ fence), and Spark has no reader of txn actions at all.
 So after every commit it has confirmed as its own, the delta-spark sink writes that commit's
 record (the very ``userMetadata`` JSON, its Delta version and the table it was made on) to
 ``<checkpoint>.kafka_delta/<pipeline_id>/commits/<table key>/<seq>.json`` (the side folder,
-:mod:`kafka_delta.sinks.side_folder`: never the table's folder, which is Spark's alone on Unity
+:mod:`kafka_delta.delta.side_folder`: never the table's folder, which is Spark's alone on Unity
 Catalog): written to a temporary name and moved (a crash never leaves half a copy under its
 name), and written again at start-up from the log's own commit when a crash came between the
 commit and the copy. ``<table key>`` is a digest of the table's location (a name or a path), so
@@ -28,7 +28,7 @@ deleted and created again is still recognised) and the offsets it names past the
 says so rather than reading them again silently). A copy of another pipeline, another table or
 a damaged file is ignored, never trusted.
 
-The files go through pyarrow (:func:`kafka_delta.sinks.side_folder.open_side`): the driver
+The files go through pyarrow (:func:`kafka_delta.delta.side_folder.open_side`): the driver
 reaches the checkpoint's location as files (a Unity Catalog volume on Databricks), never
 through delta-rs nor Spark's JVM (neither exists on the cluster path under Spark Connect).
 """
@@ -41,9 +41,9 @@ import uuid
 
 import pyarrow.fs as pafs
 
+from kafka_delta.delta import side_folder
+from kafka_delta.delta.side_folder import table_key
 from kafka_delta.offsets.model import StoredOffsets, parse_user_metadata
-from kafka_delta.sinks import side_folder
-from kafka_delta.sinks.side_folder import table_key
 
 log = logging.getLogger(__name__)
 

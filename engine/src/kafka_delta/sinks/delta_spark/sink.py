@@ -54,6 +54,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from kafka_delta.delta.promotion import fit_to_table, narrower_columns
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import RESTART, FencingError, check_contiguous
 from kafka_delta.offsets.model import (
@@ -73,13 +74,9 @@ from kafka_delta.sinks.dead_letters import (
     split_dead_letters_df,
 )
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.narrowing import (
-    fit_to_table,
-    narrower_columns,
-    widen_columns,
-)
 from kafka_delta.sinks.delta_spark.offset_store import TableLogReader
 from kafka_delta.sinks.delta_spark.table import SparkTable
+from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
 log = logging.getLogger(__name__)
@@ -182,9 +179,9 @@ class DeltaSparkSink:
     def materialize(self, out: DataFrame) -> Materialized:
         """The batch stays distributed: cached once, dead letters counted and split in Spark.
         A number column wider than the table's (a producer's int became long) widens the
-        table's column first, by a commit of its own (:func:`.narrowing.widen_columns`); without
+        table's column first, by a commit of its own (:func:`.widening.widen_columns`); without
         schema evolution it goes into the table's column where each value fits, its other rows
-        dead letters (:func:`.narrowing.fit_to_table`)."""
+        dead letters (:func:`kafka_delta.delta.promotion.fit_to_table`)."""
         table = self.table.delta()
         schema = None if table is None else table.toDF().schema
         if (

@@ -1,5 +1,5 @@
 """Where a pipeline keeps what is not Delta's: run leases (:mod:`kafka_delta.recovery.lease`)
-and the delta-spark sink's commit copies (:mod:`.delta_spark.commit_copies`).
+and the delta-spark sink's commit copies (:mod:`kafka_delta.sinks.delta_spark.commit_copies`).
 
 - **delta-rs sink** (the embedded engine): ``<table>/_kafka_delta/<pipeline_id>/``, as before.
   That engine reaches the table's storage itself (it writes the data files), so the folder
@@ -29,8 +29,8 @@ from collections.abc import Mapping
 
 import pyarrow.fs as pafs
 
+from kafka_delta.delta.locations import local_path
 from kafka_delta.offsets.model import TABLE_SIDE_FOLDER
-from kafka_delta.recovery.checkpoint import local_path
 
 # What follows the checkpoint's own name for the folder beside it (delta-spark sink).
 CHECKPOINT_SIDE_SUFFIX = ".kafka_delta"

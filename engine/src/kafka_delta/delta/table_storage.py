@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow.fs as pafs
 
-from kafka_delta.recovery.checkpoint import local_path
+from kafka_delta.delta.locations import local_path
 
 # delta-rs's object store takes whole payloads: a small file written through its pyarrow wrapper
 # needs a buffered stream (an unbuffered write hands it a pyarrow Buffer, which it refuses).

@@ -4,9 +4,9 @@ embedded broker. Standard library (and protobuf, grpcio-tools for Protobuf schem
 file, so a stop and a start on the same port
 keep every id: tests stop it to play "registry down" and start it again.
 
-    python -m kafka_delta_dev.registry start --state .registry.json [--port 8081]
-    python -m kafka_delta_dev.registry url --state .registry.json
-    python -m kafka_delta_dev.registry stop --state .registry.json
+    python -m kafka_delta_dev.schema_registry_server start --state .registry.json [--port 8081]
+    python -m kafka_delta_dev.schema_registry_server url --state .registry.json
+    python -m kafka_delta_dev.schema_registry_server stop --state .registry.json
 
 ``scripts/broker.sh start`` starts it together with the broker (its URL goes to
 ``.broker.json`` under ``schema_registry_url``; ``scripts/broker.sh registry-url`` prints it).
@@ -1494,7 +1494,7 @@ def is_registry_process(pid: int) -> bool:
     cmdline = Path(f"/proc/{pid}/cmdline")
     if Path("/proc/self/cmdline").exists():
         try:
-            return b"kafka_delta_dev.registry" in cmdline.read_bytes()
+            return b"kafka_delta_dev.schema_registry_server" in cmdline.read_bytes()
         except OSError:
             return False
     try:

@@ -1,0 +1,138 @@
+"""The promotion rule: a batch's wider numbers against a Delta table's narrower columns, in
+Spark's types, for both sinks.
+
+A producer's int became long, or float became double (changes a Schema Registry accepts), so a
+batch's column is wider than the table's. Where the table follows (schema evolution), the
+column is widened (:func:`wider_type` says to what); each sink makes that commit its own way
+(the delta-spark sink through Spark SQL, :mod:`kafka_delta.sinks.delta_spark.widening`; the
+delta-rs sink with delta-rs, ``DeltaRsSink._widen_columns``). Where it does not, each value goes
+into the table's column when it fits exactly (a long 7 into an int column), and a value that
+does not fit makes its row a dead letter naming the column, the value and both types
+(:func:`fit_to_table`): the delta-spark sink and the delta-rs sink's Spark writer
+(:mod:`kafka_delta.sinks.delta_rs.jvm_writer`) apply this one rule, as Spark expressions.
+
+What Delta 4's type widening changes by itself (``delta.enableTypeWidening``) is here too
+(:data:`IN_PLACE`, and what :func:`narrower_columns` leaves to Delta): a Delta fact, not a
+sink's.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from kafka_delta.contract import DEAD_LETTER_COLUMN
+
+# Narrowest first: a column's rank against the table's says which is wider.
+_NUMBERS: tuple[type[T.DataType], ...] = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.FloatType,
+    T.DoubleType,
+)
+# What Delta 4's type widening changes by itself during schema evolution.
+_AUTOMATIC = {
+    (T.IntegerType, T.LongType),
+    (T.ByteType, T.ShortType),
+    (T.ByteType, T.IntegerType),
+    (T.ShortType, T.IntegerType),
+    (T.ByteType, T.LongType),
+    (T.ShortType, T.LongType),
+    (T.FloatType, T.DoubleType),
+}
+# What Delta 4's type widening changes in place (ALTER COLUMN ... TYPE): besides _AUTOMATIC, an
+# integer to double. A long to double, or anything to float, it does not.
+IN_PLACE = _AUTOMATIC | {
+    (T.ByteType, T.DoubleType),
+    (T.ShortType, T.DoubleType),
+    (T.IntegerType, T.DoubleType),
+}
+
+
+def rank(t: T.DataType) -> int | None:
+    """Where a number type stands among the numbers, narrowest first; None for any other."""
+    return next((i for i, kind in enumerate(_NUMBERS) if isinstance(t, kind)), None)
+
+
+def wider_type(table: T.DataType, batch: T.DataType) -> T.DataType | None:
+    """The type the table's column ``table`` widens to for the batch's ``batch`` (a wider number,
+    also inside structs, arrays and maps); None when there is none to make."""
+    mine, theirs = rank(table), rank(batch)
+    if mine is not None and theirs is not None:
+        return batch if theirs > mine else None
+    if isinstance(table, T.StructType) and isinstance(batch, T.StructType):
+        other = {f.name: f.dataType for f in batch.fields}
+        fields, changed = [], False
+        for f in table.fields:
+            wide = wider_type(f.dataType, other.get(f.name, f.dataType))
+            changed |= wide is not None
+            fields.append(T.StructField(f.name, wide or f.dataType, f.nullable, f.metadata))
+        return T.StructType(fields) if changed else None
+    if isinstance(table, T.ArrayType) and isinstance(batch, T.ArrayType):
+        wide = wider_type(table.elementType, batch.elementType)
+        return None if wide is None else T.ArrayType(wide, table.containsNull)
+    if isinstance(table, T.MapType) and isinstance(batch, T.MapType):
+        wide = wider_type(table.valueType, batch.valueType)
+        return None if wide is None else T.MapType(table.keyType, wide, table.valueContainsNull)
+    return None
+
+
+def narrower_columns(
+    batch: T.StructType, table: T.StructType, widening: bool
+) -> dict[str, T.DataType]:
+    """The batch's top-level number columns whose table column is narrower, by name, with the
+    table's type; without those Delta widens itself (``widening``: the table has type widening
+    on, and the change is one Delta makes during schema evolution)."""
+    theirs = {f.name: f.dataType for f in table.fields}
+    found = {}
+    for f in batch.fields:
+        target = theirs.get(f.name)
+        mine, their = rank(f.dataType), None if target is None else rank(target)
+        if mine is None or their is None or mine <= their:
+            continue
+        if widening and (type(target), type(f.dataType)) in _AUTOMATIC:
+            continue
+        found[f.name] = target
+    return found
+
+
+def fit_to_table(
+    out: DataFrame,
+    table: T.StructType,
+    widening: bool,
+    why: str = "the table's type widening is off",
+) -> DataFrame:
+    """``out`` with each wider number column cast to the table's narrower column, its rows with
+    a value that does not fit exactly marked as dead letters (:data:`DEAD_LETTER_COLUMN`), their
+    reason ending in ``why`` (the delta-rs sink's Spark writer says its own)."""
+    narrower = narrower_columns(out.schema, table, widening)
+    if not narrower:
+        return out
+    error: Column = (
+        F.col(DEAD_LETTER_COLUMN) if DEAD_LETTER_COLUMN in out.columns else F.lit(None)
+    ).cast("string")
+    for name, target in narrower.items():
+        column = F.col(f"`{name}`")
+        # try_cast: under ANSI mode (Spark 4's default) a cast out of range raises. A value fits
+        # when it survives the round trip (1.5 comes back 1.0, 2**40 as null).
+        cast = column.try_cast(target)
+        fits = column.isNull() | (
+            cast.isNotNull() & (cast.cast(out.schema[name].dataType) == column)
+        )
+        reason = F.concat(
+            F.lit(f"column {name!r}: the value "),
+            column.cast("string"),
+            F.lit(
+                f" ({out.schema[name].dataType.simpleString()}) does not fit the table's "
+                f"{target.simpleString()} column exactly ({why})"
+            ),
+        )
+        error = F.when(error.isNull() & ~fits, reason).otherwise(error)
+    fitted = out.withColumn(DEAD_LETTER_COLUMN, error)
+    for name, target in narrower.items():
+        # The rows that do not fit are dead letters: what the cast makes of them is never written.
+        fitted = fitted.withColumn(name, F.col(f"`{name}`").try_cast(target))
+    return fitted
