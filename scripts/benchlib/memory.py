@@ -146,6 +146,11 @@ class TreeSampler(threading.Thread):
         self.rescan_s = rescan_s
         self.samples: list[tuple[float, int]] = []  # (time, rss bytes)
         self._stop_event = threading.Event()
+        # One sample before the thread exists: on a loaded machine the thread may first run
+        # after a short worker has already exited (a tiny bench's row 1 reported 0 MB so).
+        rss = _rss_bytes(pid)
+        if rss:
+            self.samples.append((time.time(), rss))
 
     def run(self) -> None:
         pids: list[int] = []
