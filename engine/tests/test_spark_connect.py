@@ -180,7 +180,7 @@ def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> Non
             str(tmp_path / "t"),
             "-k",
             "not passes_through_spark_connect",
-            str(REPO / "tests" / "engine" / "test_engine_contract.py"),
+            str(Path(__file__).with_name("test_engine_contract.py")),
             __file__,
         ],
         capture_output=True,
