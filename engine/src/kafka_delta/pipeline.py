@@ -153,9 +153,9 @@ def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
         return None
 
 
-class Tally:
-    """A run's figures of one kind as a count and a total: the same size after a million
-    batches as after one."""
+class RunningTotal:
+    """A run's figures of one kind (each batch's duration, each commit-back's time) as how
+    many and their sum: the same size after a million batches as after one."""
 
     __slots__ = ("count", "total")
 
@@ -172,7 +172,7 @@ class Tally:
         return self.total / self.count if self.count else 0.0
 
     def __repr__(self) -> str:
-        return f"Tally(count={self.count}, total={self.total})"
+        return f"RunningTotal(count={self.count}, total={self.total})"
 
 
 @dataclass
@@ -185,8 +185,8 @@ class RunSummary:
     end_offsets: Offsets = field(default_factory=dict)
     commit_back: CommitBackStats | None = None
     # Constant-size: a long run's driver keeps no figure per batch.
-    commit_back_ms: Tally = field(default_factory=Tally)
-    batch_seconds: Tally = field(default_factory=Tally)
+    commit_back_ms: RunningTotal = field(default_factory=RunningTotal)
+    batch_seconds: RunningTotal = field(default_factory=RunningTotal)
 
 
 def _per_table(p: BatchProgress) -> str:
