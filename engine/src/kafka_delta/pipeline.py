@@ -1,13 +1,21 @@
 """Wires source -> transform -> exactly-once sink -> commit-back hook, one micro-batch at a time.
 
-One micro-batch (docs/design.md section 3):
+Before the query starts, :mod:`.resume` plans where the run starts (stored offsets, the
+checkpoint's verdict, tables new to the pipeline or ahead of the others). One micro-batch
+(docs/design.md section 3) is :meth:`Pipeline._process_batch`, the same steps for each of the
+pipeline's tables (:mod:`.routing`; one table is a list of one):
 
-1. The source planned ``[start, end)`` per partition; Spark wrote ``end`` to the checkpoint's
-   offset log before running the batch. The batch's end offsets are read from there, never
-   derived from ``max(offset) + 1`` of the data (offsets have gaps).
-2. The user's transform runs.
-3. The sink makes ONE Delta commit: data + ``txn(app_id, batch_id)`` + end offsets.
-4. The commit-back hook copies the end offsets to the consumer group, asynchronously.
+1. Plan the ends: the source planned ``[start, end)`` per partition; Spark wrote ``end`` to the
+   checkpoint's offset log before running the batch. The batch's end offsets are read from
+   there, never derived from ``max(offset) + 1`` of the data (offsets have gaps); each table's
+   share covers the topics it reads, from where it holds nothing yet.
+2. Fence each table: a table that has the batch (a replay) or may not commit it runs no task.
+3. Transform: the user's transform runs on the table's records.
+4. Write: the sink materializes the rows; the dead letters go to their table first.
+5. Commit: the sink makes ONE Delta commit per table: data + ``txn(app_id, batch_id)`` + end
+   offsets.
+6. Commit back: the hook copies the group's offsets (the least of the tables') to the consumer
+   group, asynchronously; then the progress line and the listeners.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -27,43 +35,27 @@ from pyspark.sql.streaming import StreamingQuery
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
-from kafka_delta.engine import Engine, Sink, SinkResult
+from kafka_delta.engine import Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
 from kafka_delta.kafka.outage import KafkaOutage, kafka_down
-from kafka_delta.offsets.model import (
-    BatchCommit,
-    Offsets,
-    StoredOffsets,
-    app_id,
-    first_offset,
-    starting_offsets_option,
-    total_records,
-)
-from kafka_delta.offsets.topic_identity import (
-    forget_recreated,
-    recreated_topics,
-    recreated_while_running,
-)
+from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id, total_records
+from kafka_delta.offsets.topic_identity import recreated_while_running
 from kafka_delta.progress.batch import BatchProgress, ProgressListener
 from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
-from kafka_delta.recovery.verdict import Verdict, combined, judge, set_aside
+from kafka_delta.resume import ResumePlanner, first_positions, joined_at
 from kafka_delta.routing import (
+    TableBatch,
     TableRun,
-    floors,
     group_offsets,
-    joined_at,
     key_deletes,
-    new_tables,
-    readded_tables,
-    restrict,
-    share,
-    stream_start,
+    table_batch,
     table_input,
     table_output,
+    table_runs,
     without_held,
 )
 from kafka_delta.runtime.faults import crash_point
@@ -153,9 +145,9 @@ def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
         return None
 
 
-class Tally:
-    """A run's figures of one kind as a count and a total: the same size after a million
-    batches as after one."""
+class RunningTotal:
+    """A run's figures of one kind (each batch's duration, each commit-back's time) as how
+    many and their sum: the same size after a million batches as after one."""
 
     __slots__ = ("count", "total")
 
@@ -172,7 +164,7 @@ class Tally:
         return self.total / self.count if self.count else 0.0
 
     def __repr__(self) -> str:
-        return f"Tally(count={self.count}, total={self.total})"
+        return f"RunningTotal(count={self.count}, total={self.total})"
 
 
 @dataclass
@@ -185,8 +177,8 @@ class RunSummary:
     end_offsets: Offsets = field(default_factory=dict)
     commit_back: CommitBackStats | None = None
     # Constant-size: a long run's driver keeps no figure per batch.
-    commit_back_ms: Tally = field(default_factory=Tally)
-    batch_seconds: Tally = field(default_factory=Tally)
+    commit_back_ms: RunningTotal = field(default_factory=RunningTotal)
+    batch_seconds: RunningTotal = field(default_factory=RunningTotal)
 
 
 def _per_table(p: BatchProgress) -> str:
@@ -202,6 +194,18 @@ def _per_table(p: BatchProgress) -> str:
         for name, t in p.tables.items()
     ]
     return f" tables={len(p.tables)} " + " ".join(each)
+
+
+def _engine_parts(
+    spark: SparkSession, view: PipelineConfig, source: Source | None
+) -> tuple[Engine, DeadLetterQueue]:
+    """A table's engine, built on ``spark`` (``source``: the stream the tables share), and its
+    dead-letter queue."""
+    engine = build_engine(spark, view, source=source)
+    queue = DeadLetterQueue(
+        engine.dead_letter_sink, engine.dead_letter_offsets, view.delta.storage_options
+    )
+    return engine, queue
 
 
 class Pipeline:
@@ -228,13 +232,9 @@ class Pipeline:
         # The tables this pipeline writes, in commit order (kafka_delta.routing): one, as the
         # config's `delta:` names it, or one per entry of `tables:`, sharing one source.
         source = build_source(config) if config.tables else None
-        self.tables: list[TableRun] = []
-        for view in config.table_configs():
-            engine = build_engine(spark, view, source=source)
-            queue = DeadLetterQueue(
-                engine.dead_letter_sink, engine.dead_letter_offsets, view.delta.storage_options
-            )
-            self.tables.append(TableRun(view, engine, queue))
+        self.tables: list[TableRun] = table_runs(
+            config.table_configs(), lambda view: _engine_parts(spark, view, source)
+        )
         # The first table's parts (the only table's, for a pipeline of one table).
         self.engine: Engine = self.tables[0].engine
         self.dead_letters = self.tables[0].dead_letters
@@ -305,12 +305,7 @@ class Pipeline:
         self.checkpoint.spark = spark
         source = build_source(self.config)
         for run in self.tables:
-            run.engine = build_engine(spark, run.config, source=source)
-            run.dead_letters = DeadLetterQueue(
-                run.engine.dead_letter_sink,
-                run.engine.dead_letter_offsets,
-                run.config.delta.storage_options,
-            )
+            run.engine, run.dead_letters = _engine_parts(spark, run.config, source)
         self.engine = self.tables[0].engine
         self.dead_letters = self.tables[0].dead_letters
 
@@ -333,249 +328,23 @@ class Pipeline:
         digest = hashlib.sha1(self.config.checkpoint.encode()).hexdigest()[:8]
         return f"kafka-delta-{self.config.pipeline_id}-{digest}"
 
-    def _partitions(self) -> dict[str, list[int]]:
-        return self.admin.partitions(self.config.kafka.topics)
-
-    def resume_point(self) -> StoredOffsets | None:
-        """Stored offsets to start from when the checkpoint is new; judges the checkpoint
-        against the table first (:mod:`.recovery`): one the table moved past is set aside and
-        the run resumes from the table, one ahead of it without explanation stops."""
-        found: list[StoredOffsets | None] = []
-        for run in self.tables:
-            held = run.engine.offset_store.read(lambda run=run: self.admin.partitions(run.topics))
-            if len(self.tables) > 1:  # of several tables, each stands for its own topics
-                held = restrict(held, run.topics)
-            found.append(held)
-            run.initial = held.offsets if held is not None else {}
-        # A table with no commit of the pipeline is new to it, or was deleted (kafka_delta.routing).
-        # On a checkpoint that planned its first batch and finished none, no table is new: each
-        # is at its first batch, whose start the first run planned by the rule of first reads
-        # (a table that committed it before a crash between the tables skips it as a replay).
-        new = (
-            set()
-            if self.checkpoint.has_plan() and not self.checkpoint.has_progress()
-            else new_tables(self.tables, found, self.config.pipeline_id, self._finished)
-        )
-        for run, held in zip(self.tables, found, strict=True):
-            run.joining = new is not None and run.name in new
-            if held is None and not run.joining and self.checkpoint.has_progress():
-                unknown = (
-                    ", or is new to it (the other tables' commits that would tell are cleaned "
-                    "up from their logs)"
-                    if new is None
-                    else ""
-                )
-                # Without the checkpoint, a table that holds nothing beside tables that hold
-                # offsets reads from Kafka's earliest (routing.stream_start).
-                again = (
-                    "it from Kafka's earliest offsets (the other tables skip what they hold)"
-                    if any(h is not None for h in found)
-                    else f"from {self.config.kafka.starting_offsets} offsets"
-                )
-                raise CheckpointMismatchError(
-                    f"checkpoint {self.config.checkpoint} has committed batches, but table "
-                    f"{run.config.delta.table} holds no offsets of pipeline "
-                    f"{self.config.pipeline_id!r}: the table was deleted or replaced{unknown}. "
-                    f"Restore the table, or delete the checkpoint to re-read {again}."
-                )
-        # Where a new checkpoint starts: the table furthest behind, per partition (a table new
-        # to the pipeline joins where the others stand).
-        staying = [(r, h) for r, h in zip(self.tables, found, strict=True) if not r.joining]
-        stored = stream_start(
-            [r for r, _ in staying],
-            [h for _, h in staying],
-            lambda parts: self.admin.watermarks(parts).earliest,
-        )
-        self._topic_ids = self.admin.topic_ids(self.config.kafka.topics)
-        recreated = recreated_topics(stored, self._topic_ids)
-        if stored is not None and recreated:
-            # Raises unless kafka.fail_on_data_loss is off; then the new topics start over.
-            if self.config.kafka.fail_on_data_loss:
-                forget_recreated(stored, recreated, True, {})  # raises: one sentence
-            earliest = self.admin.watermarks(
-                {t: sorted(stored.offsets[t]) for t in recreated}
-            ).earliest
-            forgotten = forget_recreated(stored, recreated, False, earliest)
-            self._recreated = set(recreated)
-            self._recreated_from = {t: dict(stored.offsets[t]) for t in recreated}
-            for run in self.tables:  # each table starts the new topic over too
-                run.initial = {t: p for t, p in run.initial.items() if t not in recreated}
-            log.warning(
-                "topic(s) %s were deleted and created again: read from their earliest offset "
-                "(kafka.fail_on_data_loss is off)",
-                ", ".join(sorted(recreated)),
-            )
-            if self.checkpoint.has_plan():
-                reason = f"it planned batches of the old topic(s) {', '.join(sorted(recreated))}"
-                self.set_aside_as = set_aside(self.checkpoint, reason)
-            return forgotten
-        # Each table judges the checkpoint by the one rule; one that must stop stops the run,
-        # one that sets it aside sets it aside (the new checkpoint starts from the tables).
-        verdicts = {
-            run.name: judge(
-                self.checkpoint,
-                held,
-                self.config.pipeline_id,
-                run.engine.offset_store.commit_version,
-                run.name if len(self.tables) > 1 else None,
-            )
-            for run, held in zip(self.tables, found, strict=True)
-        }
-        # A table removed from tables: for a while and back stands where it stopped, behind a
-        # checkpoint that went on without it: that explains the checkpoint (kafka_delta.routing).
-        for name in readded_tables(self.tables, found, self.config.pipeline_id, self._finished):
-            if verdicts[name].action == "stop":
-                verdicts[name] = Verdict(
-                    "set_aside",
-                    f"table {name} is back in tables: and stands where it stopped, behind it",
-                )
-        verdict = combined(verdicts)
-        if verdict.action == "stop":
-            raise CheckpointMismatchError(verdict.reason)
-        if verdict.action == "set_aside":
-            self.set_aside_as = set_aside(self.checkpoint, verdict.reason)
-        elif stored is not None and (reason := self._subscription_the_plan_cannot_follow(stored)):
-            # Nothing is lost: the table stores where every topic ended (a dropped topic's
-            # offsets are kept for a re-add), and a new checkpoint starts from the table.
-            self.set_aside_as = set_aside(self.checkpoint, reason)
-        return stored
-
-    def _finished(self, commit: BatchCommit, table: str | None) -> bool:
-        """Whether this checkpoint completed the batch of a table's ``commit`` (a commit of
-        another checkpoint counts as completed)."""
-        query_id = self.checkpoint.query_id()
-        if query_id is None or commit.app_id != app_id(self.config.pipeline_id, query_id, table):
-            return True
-        return self.checkpoint.is_committed(commit.batch_id)
-
-    def _subscription_the_plan_cannot_follow(self, stored: StoredOffsets) -> str | None:
-        """Why the checkpoint cannot go on with today's ``kafka.topics`` on a source that does
-        not follow a changed subscription on a checkpoint (Spark's kafka source), or None.
-
-        Spark's kafka source takes a partition its last plan names and the subscription no
-        longer has for data loss ("... are gone"), on every restart of the checkpoint; and it
-        starts a topic new to its plan at the earliest offset, so a topic re-added after a stop
-        would be read again from its start where the table stores where it ended (and be
-        fenced on every restart). The embedded source handles both on the same checkpoint."""
-        if self.engine.source.follows_subscription_changes:
-            return None
-        planned = self.checkpoint.newest_planned()
-        if planned is None:
-            return None
-        plan = set(self.checkpoint.end_offsets(planned))
-        dropped = sorted(plan - set(self.config.kafka.topics))
-        readded = sorted(
-            t for t in self.config.kafka.topics if t not in plan and stored.offsets.get(t)
-        )
-        if not dropped and not readded:
-            return None
-        changes = [f"topic(s) {', '.join(dropped)} left kafka.topics"] if dropped else []
-        if readded:
-            changes.append(
-                f"topic(s) {', '.join(readded)} came back, and the table stores where they ended"
-            )
-        return (
-            f"{' and '.join(changes)}; Spark's kafka source cannot follow that on a checkpoint "
-            "that planned batches"
+    def _resume_planner(self) -> ResumePlanner:
+        return ResumePlanner(
+            self.config, self.checkpoint, self.admin, self.tables, self.engine.source
         )
 
-    def _log_resume_point(self, stored: StoredOffsets | None) -> None:
-        """Say where this run starts: Spark resumes from its checkpoint once it planned a batch
-        there (the table's offsets are then only checked against every batch); a new checkpoint
-        starts from the offsets the table stores, or at ``starting_offsets`` without any."""
-        where = (
-            f"table {self.config.delta.table} stores offsets of pipeline "
-            f"{self.config.pipeline_id!r} at {stored.describe()}"
-            if stored is not None
-            else f"table {self.config.delta.table} holds no offsets of pipeline "
-            f"{self.config.pipeline_id!r}"
-        )
-        if self.checkpoint.has_plan():
-            log.info(
-                "resuming from checkpoint %s (Spark's offset log decides where); %s, checked "
-                "against every batch",
-                self.config.checkpoint,
-                where,
-            )
-        elif stored is not None:
-            log.info(
-                "new checkpoint %s: resuming from the table; %s", self.config.checkpoint, where
-            )
-        else:
-            starting = self.config.kafka.starting_offsets
-            log.info(
-                "new checkpoint %s: starting at %s%s; %s",
-                self.config.checkpoint,
-                f"{starting} offsets"
-                if isinstance(starting, str)
-                else f"offsets {starting_offsets_option(starting)}",
-                self._skipped_at_first_start(),
-                where,
-            )
-        again = self._read_again(stored)
-        if again is not None:
-            log.warning("%s", again)
-
-    def _read_again(self, stored: StoredOffsets | None) -> str | None:
-        """The sentence for records this run reads although the table's offset txns say the
-        pipeline had passed them (:func:`.offsets.stored.from_the_rows`: log cleanup removed its
-        commits, and the rows end before them); None when it reads none."""
-        if stored is None or not stored.past_the_rows:
-            return None
-        start: Offsets = stored.offsets  # a new checkpoint starts where the table ends
-        if self.checkpoint.has_plan():  # Spark resumes from its checkpoint
-            start = self.checkpoint.resume_position()[2] or start
-        ranges = [
-            f"{topic}[{p}] {start.get(topic, {}).get(p, 0)}-{end - 1}"
-            for topic, parts in sorted(stored.past_the_rows.items())
-            for p, end in sorted(parts.items())
-            if start.get(topic, {}).get(p, 0) < end
-        ]
-        if not ranges:
-            return None
-        return (
-            f"this run reads again the records at offsets {', '.join(ranges)} of pipeline "
-            f"{self.config.pipeline_id!r}: the table's offset txns say the pipeline had passed "
-            "them, but log cleanup removed its commits, and nothing left tells whether they are "
-            "records an `offsets reset` skipped, records that gave no row (a filter, dead "
-            "letters: sent once) or commits a RESTORE undid. Reading them loses nothing; "
-            "records that were skipped on purpose land in the table"
-        )
-
-    def _skipped_at_first_start(self) -> str:
-        """On the pipeline's first start at ``latest`` (or at offsets of its own), the records
-        Kafka still holds that the start skips, said in the start-up line: a start that skips
-        records is a choice, and never a silent one."""
-        starting = self.config.kafka.starting_offsets
-        if starting == "earliest":
-            return ""
-        try:
-            partitions = self._partitions()
-            marks = self.admin.watermarks(partitions)
-        except Exception as exc:  # the line is information: the run itself goes on
-            return f" (cannot count the records it skips: {exc})"
-        skipped = sum(
-            max(
-                0,
-                first_offset(
-                    t,
-                    p,
-                    stored={},
-                    starting=starting,
-                    earliest=marks.earliest[t][p],
-                    latest=marks.latest[t][p],
-                )
-                - marks.earliest[t][p],
-            )
-            for t, parts in partitions.items()
-            for p in parts
-        )
-        if not skipped:
-            return ""
-        return (
-            f", which skips the {skipped} record(s) Kafka holds before it in "
-            f"{', '.join(sorted(partitions))} (kafka.starting_offsets: earliest reads them)"
-        )
+    def resume_point(self, planner: ResumePlanner | None = None) -> StoredOffsets | None:
+        """Stored offsets to start from when the checkpoint is new, after judging the
+        checkpoint against the tables (:class:`.resume.ResumePlanner`): one the tables moved
+        past is set aside (:attr:`set_aside_as`) and the run resumes from the tables, one ahead
+        of them without explanation stops."""
+        resume = (planner or self._resume_planner()).plan()
+        self._topic_ids = resume.topic_ids
+        if resume.recreated:
+            self._recreated, self._recreated_from = resume.recreated, resume.recreated_from
+        if resume.set_aside_as is not None:
+            self.set_aside_as = resume.set_aside_as
+        return resume.stored
 
     @property
     def sink(self) -> Sink:
@@ -586,37 +355,12 @@ class Pipeline:
         return self.engine.dead_letter_sink
 
     def start(self) -> StreamingQuery:
-        stored = self.resume_point()
+        planner = self._resume_planner()
+        stored = self.resume_point(planner)
         self._initial = stored.offsets if stored is not None else {}
         self._known = {t: dict(parts) for t, parts in self._initial.items()}
-        for run in self.tables:
-            run.known = {t: dict(parts) for t, parts in run.initial.items()}
-            # Of several tables, one further on than the stream starts holds what lies below.
-            run.floor = floors(run.initial, self._initial) if len(self.tables) > 1 else {}
-            if run.floor:
-                log.info(
-                    "table %s stores more than the table furthest behind (%s): its records "
-                    "below are not written again",
-                    run.label,
-                    run.floor,
-                )
-            if run.joining:
-                log.info(
-                    "table %s is new to pipeline %r: it receives records from where the "
-                    "pipeline stands on (%s); earlier records are not backfilled (to read them "
-                    "into it: stop the pipeline, delete table %s and the checkpoint, and run: "
-                    "the other tables skip what they hold)",
-                    run.label,
-                    self.config.pipeline_id,
-                    ", ".join(
-                        f"{t}[{p}] {o}"
-                        for t, parts in sorted(run.restrict(self._initial).items())
-                        for p, o in sorted(parts.items())
-                    )
-                    or "the checkpoint's position",
-                    run.config.delta.table,
-                )
-        self._log_resume_point(stored)
+        planner.place_tables(self._initial)
+        planner.log_start(stored)
         if self.committer is None and self.config.commit_back.enabled:
             self.committer = OffsetCommitter(
                 self.config.kafka.client_config(),
@@ -719,37 +463,6 @@ class Pipeline:
             merged.setdefault(t, {}).update(parts)
         return merged
 
-    def _first_positions(self, start: Offsets, known: Offsets | None = None) -> Offsets:
-        """How far the batch may begin each partition of ``start`` that the table stored no
-        offset for as this run knows it (a first batch, a topic or partition new to the
-        pipeline): where the pipeline's rule of first reads puts it now
-        (:func:`.offsets.first_offset`). The fencing rule refuses a start past it: records Kafka
-        still holds would be skipped. Asks Kafka only for such partitions (batch 0 of a first
-        run, a partition added), never in a steady batch. ``known``: a table's stored offsets
-        as this run knows them (default: the pipeline's)."""
-        known = self._known if known is None else known
-        new = {
-            t: sorted(p for p in parts if p not in known.get(t, {})) for t, parts in start.items()
-        }
-        new = {t: parts for t, parts in new.items() if parts}
-        if not new:
-            return {}
-        marks = self.admin.watermarks(new)
-        return {
-            t: {
-                p: first_offset(
-                    t,
-                    p,
-                    stored=known,
-                    starting=self.config.kafka.starting_offsets,
-                    earliest=marks.earliest[t][p],
-                    latest=marks.latest[t][p],
-                )
-                for p in parts
-            }
-            for t, parts in new.items()
-        }
-
     def _ends_before(self, rewound: Iterable[tuple[str, int]]) -> Offsets:
         """Where the stored offsets of the ``rewound`` partitions stood before the move back."""
         before: Offsets = {}
@@ -835,7 +548,25 @@ class Pipeline:
             self._gate.leave(batch_id, succeeded=succeeded)
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
+        """One micro-batch, as steps; each table's the same (one table: a list of one)."""
         started = time.perf_counter()
+        end, shares = self._plan_ends(df, batch_id)
+        self._fence(shares)
+        with self._read_once(df, shares) as (records, observation):
+            for n, share in enumerate(shares):
+                if n:
+                    # A crash here leaves the batch in the tables before this one only.
+                    crash_point("between_tables")
+                if not share.replayed:
+                    self._write_table(share, records)
+        crash_point("after_delta_commit")
+        group = self._store_ends(shares, end)
+        self._report(batch_id, shares, end, group, observation, started)
+
+    def _plan_ends(self, df: DataFrame, batch_id: int) -> tuple[Offsets, list[TableBatch]]:
+        """The batch's end offsets, as the checkpoint planned them, and each table's share of
+        the batch (:func:`.routing.table_batch`): the offsets it covers and the commit that
+        records them."""
         end = self.checkpoint.end_offsets(batch_id)
         query_id = self._query_id(df)
         if not query_id:
@@ -851,133 +582,143 @@ class Pipeline:
         if rewound:
             commit = replace(commit, rewound=rewound, rewound_from=self._ends_before(rewound))
         start = self._batch_start(batch_id, end)
-        several = len(self.tables) > 1
-        # Fencing first, for every table, on the tables as they are now: a run that may not
-        # commit this batch, or a replay of a batch a table has, runs no task for that table:
-        # nothing is read for it from Kafka, no data file and no dead letter is written.
-        shares = []
-        for run in self.tables:
-            t_start, t_end, skipped = share(run, start, end) if several else (start, end, {})
-            t_commit = commit
-            if several:
-                t_commit = replace(
-                    commit,
-                    app_id=app_id(self.config.pipeline_id, query_id, run.name),
-                    end_offsets=t_end,
-                    topic_ids={t: i for t, i in (commit.topic_ids or {}).items() if t in t_end}
-                    or None,
-                    rewound=tuple(tp for tp in commit.rewound if tp[0] in t_end),
-                    rewound_from=run.restrict(commit.rewound_from or {}) or None,
-                )
-            firsts = (
-                joined_at(t_start, run.known)  # new to the pipeline: from where the stream is
+        return end, [table_batch(run, commit, start, query_id, self.tables) for run in self.tables]
+
+    def _fence(self, shares: Sequence[TableBatch]) -> None:
+        """Fencing first, for every table, on the tables as they are now: a run that may not
+        commit this batch stops here, and a table that has the batch (a replay) runs no task:
+        nothing is read for it from Kafka, no data file and no dead letter is written."""
+        for share in shares:
+            run = share.run
+            share.firsts = (
+                joined_at(share.start, run.known)  # new to the pipeline: from where the stream is
                 if run.joining
-                else self._first_positions(t_start, run.known)
+                else first_positions(self.admin, self.config, share.start, run.known)
             )
-            t_commit = t_commit.starting_at(t_start)  # recorded for `offsets verify`
-            if several:  # the pipeline's tables, named in each table's commit (routing)
-                t_commit = replace(t_commit, tables=tuple(str(r.name) for r in self.tables))
-            replayed = run.engine.sink.check(t_commit, t_start, firsts)
-            shares.append((run, t_commit, t_start, firsts, skipped, replayed))
-        # The records read are counted while the sinks' own jobs run; a batch every table has
-        # (a replay) reads nothing, so nothing is observed.
-        replayed_everywhere = all(s[-1] for s in shares)
-        observation: Observation | None = None if replayed_everywhere else Observation()
+            share.replayed = run.engine.sink.check(share.commit, share.start, share.firsts)
+
+    @contextmanager
+    def _read_once(
+        self, df: DataFrame, shares: Sequence[TableBatch]
+    ) -> Iterator[tuple[DataFrame, Observation | None]]:
+        """The batch's records, read from Kafka once for the tables that write it (persisted
+        while more than one does), and the count of what was read: observed while the sinks'
+        own jobs run (no extra job); a batch every table has (a replay) reads nothing, so
+        nothing is observed."""
+        writing = sum(not s.replayed for s in shares)
+        observation = Observation() if writing else None
         observed = (
             df
             if observation is None
             else df.observe(observation, F.count(F.lit(1)).alias("records"))
         )
-        # Of several tables, the batch's records are read from Kafka once, for all of them.
-        source = observed.persist() if several and not replayed_everywhere else observed
-        results: list[tuple[TableRun, SinkResult, int]] = []
-        dead_sent = 0
+        records = observed.persist() if writing > 1 else observed
         try:
-            for n, (run, t_commit, t_start, firsts, skipped, replayed) in enumerate(shares):
-                if n:
-                    # A crash here leaves the batch in the tables before this one only.
-                    crash_point("between_tables")
-                if replayed:
-                    results.append((run, SinkResult(written=False, rows=0, delta_version=None), 0))
-                    continue
-                records = source
-                if several:
-                    records = without_held(
-                        table_input(source, run, self.config.kafka.topics), skipped
-                    )
-                # Rows read as deletes of their key: deletes or dead letters, by the table's own
-                # tombstones setting.
-                records = key_deletes(records, run)
-                out = (
-                    table_output(self.transform, records, run, [r.name for r in self.tables])
-                    if self.config.tables  # routes and a transform's mapping (tables:)
-                    else self.transform(records)
-                )
-                self._check_positions(run, out)
-                mode = run.config.delta
-                if mode.mode == "upsert":
-                    out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
-                batch = run.engine.sink.materialize(out)
-                sent = 0
-                try:
-                    if batch.dead is not None:
-                        # Found again by position in what the table read (of one table: the
-                        # batch as Spark gave it, as before).
-                        read_from = records if several else df
-                        sent = run.dead_letters.send(read_from, batch.dead, t_commit)
-                    crash_point("before_delta_commit")
-                    result = run.engine.sink.commit_batch(
-                        batch.rows, t_commit, start=t_start, firsts=firsts
-                    )
-                finally:
-                    batch.release()
-                dead_sent += sent
-                results.append((run, result, sent))
-                if result.written:
-                    run.joining = False
+            yield records, observation
         finally:
-            if source is not observed:
-                source.unpersist()
-        crash_point("after_delta_commit")
-        for run, (_, t_commit, *_rest) in zip(self.tables, shares, strict=True):
-            for topic, parts in t_commit.end_offsets.items():
-                run.known.setdefault(topic, {}).update(parts)
-        # The group's offsets: what every table that reads a partition holds (one table: the
-        # batch's end offsets).
-        group = group_offsets(self.tables) if several else end
+            if records is not observed:
+                records.unpersist()
+
+    def _write_table(self, share: TableBatch, batch_records: DataFrame) -> None:
+        """Transform, write and commit one table's share of the batch: its records (topic
+        routing, less what it holds), the transform's output, its dead letters, then its one
+        Delta commit."""
+        run = share.run
+        records = without_held(
+            table_input(batch_records, run, self.config.kafka.topics), share.skipped
+        )
+        out = self._transform(run, records)
+        written = run.engine.sink.materialize(out)
+        try:
+            share.dead_letters = self._send_dead_letters(share, records, written)
+            crash_point("before_delta_commit")
+            share.result = self._commit(share, written)
+        finally:
+            written.release()
+        if share.result.written:
+            run.joining = False
+
+    def _transform(self, run: TableRun, records: DataFrame) -> DataFrame:
+        """The rows table ``run`` receives: the rows read as deletes of their key as its own
+        tombstones setting takes them, through the transform and the table's route
+        (:func:`.routing.table_output`); of an upsert table, the latest row per key."""
+        out = table_output(self.transform, key_deletes(records, run), run, self._names)
+        self._check_positions(run, out)
+        mode = run.config.delta
+        if mode.mode == "upsert":
+            out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
+        return out
+
+    @property
+    def _names(self) -> list[str | None]:
+        return [r.name for r in self.tables]
+
+    @staticmethod
+    def _send_dead_letters(share: TableBatch, records: DataFrame, written: Materialized) -> int:
+        """The table's dead letters to its dead-letter table, before its own commit; found
+        again by position in the records the table read. How many were sent."""
+        if written.dead is None:
+            return 0
+        return share.run.dead_letters.send(records, written.dead, share.commit)
+
+    @staticmethod
+    def _commit(share: TableBatch, written: Materialized) -> SinkResult:
+        """The table's one Delta commit of the batch: its rows, txn and offsets."""
+        return share.run.engine.sink.commit_batch(
+            written.rows, share.commit, start=share.start, firsts=share.firsts
+        )
+
+    def _store_ends(self, shares: Sequence[TableBatch], end: Offsets) -> Offsets:
+        """Where each table stands after the batch, and the group's offsets: what every table
+        that reads a partition holds (one table: the batch's end offsets)."""
+        for share in shares:
+            for topic, parts in share.commit.end_offsets.items():
+                share.run.known.setdefault(topic, {}).update(parts)
         group = {
             t: {p: o for p, o in parts.items() if p in end.get(t, {})}
-            for t, parts in group.items()
+            for t, parts in group_offsets(self.tables).items()
             if t in end
         }
+        if any(s.result.written for s in shares):
+            self._recreated = set()  # the recreated topics' offsets are the new ones from now
+        for topic, parts in group.items():
+            self._known.setdefault(topic, {}).update(parts)
+        return group
 
-        written = [result for _, result, _ in results if result.written]
+    def _report(
+        self,
+        batch_id: int,
+        shares: Sequence[TableBatch],
+        end: Offsets,
+        group: Offsets,
+        observation: Observation | None,
+        started: float,
+    ) -> None:
+        """The batch's progress (each table's share, of several tables), then the commit back
+        and the progress line (:meth:`_deliver`), in the process that started the run."""
+        written = [s.result for s in shares if s.result.written]
         result = SinkResult(
             written=bool(written),
             rows=sum(r.rows for r in written),
             delta_version=written[-1].delta_version if written else None,
         )
-        if result.written:
-            self._recreated = set()  # the recreated topics' offsets are the new ones from now
-        for topic, parts in group.items():
-            self._known.setdefault(topic, {}).update(parts)
         read = 0 if observation is None else records_read(observation)
+        dead_letters = sum(s.dead_letters for s in shares)
         progress = self._progress(
-            batch_id, read, result, dead_sent, end, time.perf_counter() - started
+            batch_id, read, result, dead_letters, end, time.perf_counter() - started
         )
-        if several:
-            progress = replace(
-                progress,
-                tables={
-                    run.label: {
-                        "rows_written": r.rows,
-                        "dead_letters": sent,
-                        "replayed": not r.written,
-                        "delta_version": r.delta_version,
-                    }
-                    for run, r, sent in results
-                },
-            )
+        # Each table's share, by the name its commits carry (one table's commits name none).
+        tables = {
+            s.run.commit_name: {
+                "rows_written": s.result.rows,
+                "dead_letters": s.dead_letters,
+                "replayed": not s.result.written,
+                "delta_version": s.result.delta_version,
+            }
+            for s in shares
+            if s.run.commit_name is not None
+        }
+        progress = replace(progress, tables=tables or None)
         report = BatchReport(progress, group)
         if self._worker:  # the Connect server's process: the run's own process delivers it
             assert self._mailbox is not None

@@ -16,33 +16,25 @@ transform (which may return ``{table: DataFrame}``: bronze and silver from one r
 ``route`` expression holds (record routing; a dead letter passes every route).
 
 Where the tables stand apart (a crash between two tables' commits of one batch; a lost
-checkpoint after tables stopped at different batches), the rules below keep every table exact:
+checkpoint after tables stopped at different batches), the rules keep every table exact:
 
 - on the same checkpoint, the batch is planned again and each table that committed it finds
   its txn and writes nothing (a replay); the others write it;
-- a new checkpoint starts where the table furthest behind ends, per partition
-  (:func:`stream_start`); a table further on holds everything below its own stored offsets,
-  so its share of a batch starts there (:func:`share`): its records below are not written again
-  and its commit starts exactly where it stores (the fencing rule is unchanged).
+- a new checkpoint starts where the table furthest behind ends, per partition; a table further
+  on holds everything below its own stored offsets (:mod:`.resume`: where a run starts, tables
+  new to the pipeline or back in it), so its range of a batch starts there
+  (:func:`table_range`): its records below are not written again and its commit starts exactly
+  where it stores (the fencing rule is unchanged).
 
 The consumer group's committed offset of a partition is the minimum over the tables that read
 it (:func:`group_offsets`): what is not yet in every table shows as lag. A table no longer in the
 config stays as it is, and no longer counts: neither for the group nor for where a new
 checkpoint starts.
 
-A table added to a pipeline that already ran (:func:`new_tables`): each table's commits name
-the pipeline's tables as of their batch (:attr:`.offsets.model.BatchCommit.tables`). A table
-that holds no commit of the pipeline is new when no other table's newest commit names it: it
-joins where the stream stands (on the checkpoint it has, or where a new one starts from the
-other tables), and earlier records are not backfilled. A table they name and that holds nothing
-was deleted or replaced: on the checkpoint that wrote it, the run stops with that sentence, as
-for a pipeline of one table; on a new checkpoint, it is read again from the rule of first reads
-while the other tables skip what they hold (which is also how a table added later is filled
-with the earlier records: delete it and the checkpoint). A table that holds commits and that the
-others' newest commits leave out was removed from ``tables:`` for a while and is back
-(:func:`readded_tables`): it stands where it stopped, so a checkpoint that went on without it is
-set aside and the run resumes from the tables, where it catches up and the others skip what
-they hold.
+A pipeline of one table is a list of one (:func:`table_runs`): its table stands for every topic
+it stores, its commits name no table, and each rule here gives what that table alone is given
+(its range of a batch is the batch's, its input the batch's records, the group's offsets its
+own).
 
 Tombstones (``tombstones:``) are each table's own: the records are decoded once, a row read as a
 delete of its key carries the error it has where tombstones are dead letters, and each table
@@ -67,8 +59,8 @@ from kafka_delta.contract import (
     RAW_VALUE,
     Transform,
 )
-from kafka_delta.engine import Engine
-from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, parse_user_metadata
+from kafka_delta.engine import Engine, SinkResult
+from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id
 from kafka_delta.sinks.dead_letters import DeadLetterQueue
 
 
@@ -79,19 +71,29 @@ class RoutingError(ValueError):
 @dataclass
 class TableRun:
     """One table of the pipeline, as this run writes it: its config view, engine parts and
-    where it stands (offsets restricted to the topics it reads)."""
+    where it stands (offsets of the topics it stands for)."""
 
     config: PipelineConfig
     engine: Engine
     dead_letters: DeadLetterQueue
+    # The table's name in its commits: in its txnAppId (``<pipeline>.<table>.<query id>``) and
+    # among the pipeline's tables each commit names. None for a pipeline's only table, whether
+    # under ``delta:`` or the one entry of ``tables:``: its commits are a pipeline of one
+    # table's (``<pipeline>.<query id>``, naming no table), so its tables and checkpoints run on.
+    commit_name: str | None = None
+    # The topics whose offsets are the table's own: those it reads, of several tables. None
+    # for the only table, whose store is the pipeline's: a topic dropped from kafka.topics keeps
+    # its offsets there, and each commit's start names it as the batch's plan does.
+    scope: frozenset[str] | None = None
     # The offsets the table stored when this run started, and as of this run's last batch.
     initial: Offsets = field(default_factory=dict)
     known: Offsets = field(default_factory=dict)
     # Partitions where the table stood further on than the stream starts (a lost checkpoint
-    # after the tables stopped at different batches): it holds every record below.
-    floor: Offsets = field(default_factory=dict)
-    # New to the pipeline (new_tables), until its first commit: its first batch starts where
-    # the stream stands, not by the rule of first reads.
+    # after the tables stopped at different batches), with what it stores: it holds every
+    # record below (resume.held_below).
+    held_below: Offsets = field(default_factory=dict)
+    # New to the pipeline (resume.new_tables), until its first commit: its first batch starts
+    # where the stream stands, not by the rule of first reads.
     joining: bool = False
 
     @property
@@ -106,133 +108,75 @@ class TableRun:
     def topics(self) -> tuple[str, ...]:
         return self.config.kafka.topics
 
-    def restrict(self, offsets: Mapping[str, Mapping[int, int]]) -> Offsets:
-        """``offsets`` of the topics this table reads."""
-        return {t: dict(parts) for t, parts in offsets.items() if t in self.topics}
+    def stands_for(self, topic: str) -> bool:
+        """Whether ``topic``'s offsets are this table's own (:attr:`scope`)."""
+        return self.scope is None or topic in self.scope
+
+    def own(self, offsets: Mapping[str, Mapping[int, int]]) -> Offsets:
+        """``offsets`` of the topics this table stands for (a copy)."""
+        return {t: dict(parts) for t, parts in offsets.items() if self.stands_for(t)}
+
+    def own_stored(self, stored: StoredOffsets | None) -> StoredOffsets | None:
+        """What the table stores, of the topics it stands for."""
+        return None if stored is None else replace(stored, offsets=self.own(stored.offsets))
 
 
-def restrict(offsets: StoredOffsets | None, topics: Sequence[str]) -> StoredOffsets | None:
-    if offsets is None:
-        return None
-    return replace(offsets, offsets={t: dict(p) for t, p in offsets.offsets.items() if t in topics})
+def table_runs(
+    views: Sequence[PipelineConfig],
+    parts: Callable[[PipelineConfig], tuple[Engine, DeadLetterQueue]],
+) -> list[TableRun]:
+    """The pipeline's tables, in commit order, from the config's views of them
+    (:meth:`.config.PipelineConfig.table_configs`); ``parts(view)`` builds a table's engine and
+    dead-letter queue. Where one table and several differ is said here, once, as data: of
+    several, each table's commits name it and it stands for the topics it reads."""
+    several = len(views) > 1
+    return [
+        TableRun(
+            view,
+            *parts(view),
+            commit_name=view.table_name if several else None,
+            scope=frozenset(view.kafka.topics) if several else None,
+        )
+        for view in views
+    ]
 
 
-def stream_start(
-    tables: Sequence[TableRun],
-    found: Sequence[StoredOffsets | None],
-    earliest: Callable[[dict[str, list[int]]], Offsets] | None = None,
-):
-    """Where the stream resumes when its checkpoint is new: per partition, the lowest offset
-    the tables that read it store; a partition one of them stores nothing for starts by the rule
-    of first reads once the pipeline stored offsets: at Kafka's ``earliest`` (asked only for
-    such partitions), so the tables that store it skip what they hold. One table: its stored
-    offsets as they are."""
-    if len(tables) == 1:
-        return found[0]
-    present = [s for s in found if s is not None]
-    if not present:
-        return None
-    offsets: Offsets = {}
-    first_reads: dict[str, list[int]] = {}
-    partitions = {(t, p) for s in present for t, parts in s.offsets.items() for p in parts}
-    for t, p in sorted(partitions):
-        held = [
-            (s.offsets.get(t, {}).get(p) if s is not None else None)
-            for run, s in zip(tables, found, strict=True)
-            if t in run.topics
-        ]
-        if held and all(o is not None for o in held):
-            offsets.setdefault(t, {})[p] = min(o for o in held if o is not None)
-        elif held:
-            first_reads.setdefault(t, []).append(p)
-    if first_reads and earliest is not None:
-        for t, parts in earliest(first_reads).items():
-            for p, o in parts.items():
-                offsets.setdefault(t, {})[p] = o
-    ids: dict[str, str] = {}
-    past: dict[str, dict[int, int]] = {}  # the furthest any table's txns name past its rows
-    for s in present:
-        ids.update(s.topic_ids or {})
-        for t, parts in (s.past_the_rows or {}).items():
-            for p, o in parts.items():
-                past.setdefault(t, {})[p] = max(o, past.get(t, {}).get(p, o))
-    return replace(present[0], offsets=offsets, topic_ids=ids or None, past_the_rows=past or None)
+@dataclass
+class TableBatch:
+    """One table's share of one micro-batch, as the batch function plans, fences and writes
+    it: ``commit`` records the table's range (``start``, its end offsets); ``skipped``: the
+    partitions it holds records of below its range's start (:func:`table_range`)."""
+
+    run: TableRun
+    commit: BatchCommit
+    start: Offsets
+    skipped: Offsets
+    # How far the batch may begin a partition the table stores nothing for (fencing).
+    firsts: Offsets = field(default_factory=dict)
+    # The table already has the batch (its txn): nothing is read or written for it.
+    replayed: bool = False
+    result: SinkResult = field(default_factory=lambda: SinkResult(False, 0, None))
+    dead_letters: int = 0
 
 
-def new_tables(
-    tables: Sequence[TableRun],
-    found: Sequence[StoredOffsets | None],
-    pipeline_id: str,
-    finished: Callable[[BatchCommit, str | None], bool],
-) -> set[str | None] | None:
-    """The tables new to the pipeline: those that hold no commit of it (``found`` None) and
-    that no other table's newest commit names. None when that cannot be told: a table holding
-    offsets whose newest commit log cleanup removed. ``finished(commit, table)``: whether the
-    checkpoint completed the batch of ``commit`` (a table's commit of a batch the run died in,
-    before a new table's first commit, names a table that never committed)."""
-    holding = [(run, held) for run, held in zip(tables, found, strict=True) if held is not None]
-    if len(tables) < 2 or not holding or len(holding) == len(tables):
-        return set()
-    named = _named(holding, pipeline_id, finished)
-    if named is None:
-        return None
-    return {
-        run.name
-        for run, held in zip(tables, found, strict=True)
-        if held is None and not any(run.name in n for n in named.values())
-    }
-
-
-def readded_tables(
-    tables: Sequence[TableRun],
-    found: Sequence[StoredOffsets | None],
-    pipeline_id: str,
-    finished: Callable[[BatchCommit, str | None], bool],
-) -> set[str | None]:
-    """The tables that hold commits of the pipeline but that the other tables' newest commits,
-    naming the pipeline's tables, leave out: removed from ``tables:`` for a while and listed
-    again (they stand where they stopped; the others moved on)."""
-    holding = [(run, held) for run, held in zip(tables, found, strict=True) if held is not None]
-    named = _named(holding, pipeline_id, finished) if len(holding) > 1 else None
-    if not named:
-        return set()
-    back = set()
-    for run, _ in holding:
-        others = [n for name, n in named.items() if name != run.name and n]
-        if others and all(run.name not in n for n in others):
-            back.add(run.name)
-    return back
-
-
-def _named(
-    holding: Sequence[tuple[TableRun, StoredOffsets]],
-    pipeline_id: str,
-    finished: Callable[[BatchCommit, str | None], bool],
-) -> dict[str | None, set[str]] | None:
-    """Per table, the tables its newest commit names (empty: it names none); None when a newest
-    commit is not in the log. Of a batch the checkpoint did not finish (the run died in it), the
-    commit may name a table that never committed (added by that run): the tables the commit
-    before it named count instead (none, when it was the table's first)."""
-    named: dict[str | None, set[str]] = {}
-    for run, held in holding:
-        record = parse_user_metadata(held.user_metadata, pipeline_id)
-        if record is None:
-            return None
-        if finished(record, run.name):
-            named[run.name] = set(record.tables)
-        else:
-            named[run.name] = set(held.earlier_tables or ())
-    return named
-
-
-def joined_at(start: Offsets, known: Offsets) -> Offsets:
-    """Where a table new to the pipeline may begin the partitions it stores nothing for: where
-    its first batch starts (the stream's position; nothing below was ever the table's)."""
-    return {
-        t: {p: o for p, o in parts.items() if p not in known.get(t, {})}
-        for t, parts in start.items()
-        if any(p not in known.get(t, {}) for p in parts)
-    }
+def table_batch(
+    run: TableRun, batch: BatchCommit, start: Offsets, query_id: str, tables: Sequence[TableRun]
+) -> TableBatch:
+    """Table ``run``'s share of the batch ``batch`` (its commit as the pipeline plans it, from
+    ``start``): its range (:func:`table_range`) and its own commit: its txnAppId, the offsets,
+    topic ids and rewound partitions of the topics it stands for, the pipeline's ``tables``
+    that commits name, and its start (recorded for ``offsets verify``)."""
+    t_start, t_end, skipped = table_range(run, start, batch.end_offsets)
+    commit = replace(
+        batch,
+        app_id=app_id(batch.pipeline_id, query_id, run.commit_name),
+        end_offsets=t_end,
+        topic_ids={t: i for t, i in (batch.topic_ids or {}).items() if t in t_end} or None,
+        rewound=tuple(tp for tp in batch.rewound if tp[0] in t_end),
+        rewound_from=run.own(batch.rewound_from or {}) or None,
+        tables=tuple(str(r.commit_name) for r in tables if r.commit_name is not None),
+    ).starting_at(t_start)
+    return TableBatch(run, commit, t_start, skipped)
 
 
 def key_deletes(df: DataFrame, run: TableRun) -> DataFrame:
@@ -252,24 +196,14 @@ def key_deletes(df: DataFrame, run: TableRun) -> DataFrame:
     return df.withColumns(kept).drop(KEY_DELETE_COLUMN)
 
 
-def floors(table: Offsets, start: Offsets) -> Offsets:
-    """The partitions where a table stores more than the stream starts at (or stores where
-    the stream starts by the rule of first reads: another table reading them stores none)."""
-    ahead: Offsets = {}
-    for t, parts in table.items():
-        for p, o in parts.items():
-            if o > start.get(t, {}).get(p, -1):
-                ahead.setdefault(t, {})[p] = o
-    return ahead
-
-
-def share(run: TableRun, start: Offsets, end: Offsets) -> tuple[Offsets, Offsets, Offsets]:
-    """(start, end, skipped) of a table's share of a batch ``[start, end)``: the topics it
-    reads; where its floor is above the batch's start, from the floor on (``skipped``: the
-    floors the batch's records must reach to be written)."""
-    t_start, t_end = run.restrict(start), run.restrict(end)
+def table_range(run: TableRun, start: Offsets, end: Offsets) -> tuple[Offsets, Offsets, Offsets]:
+    """(start, end, skipped) of a table's range of a batch ``[start, end)``: the topics it
+    stands for; where it holds records below a partition's start (:attr:`TableRun.held_below`
+    above the batch's start), from there on (``skipped``: where the batch's records must reach
+    to be written). One table: the batch's range, nothing skipped."""
+    t_start, t_end = run.own(start), run.own(end)
     skipped: Offsets = {}
-    for t, parts in run.floor.items():
+    for t, parts in run.held_below.items():
         for p, f in parts.items():
             if p in t_start.get(t, {}) and t_start[t][p] < f:
                 skipped.setdefault(t, {})[p] = f
@@ -279,7 +213,8 @@ def share(run: TableRun, start: Offsets, end: Offsets) -> tuple[Offsets, Offsets
 
 
 def without_held(df: DataFrame, skipped: Offsets) -> DataFrame:
-    """The batch's records but those below each skipped partition's floor."""
+    """The batch's records but those a table holds already: below each ``skipped`` partition's
+    start (:func:`table_range`)."""
     if not skipped:
         return df
     held: list[Column] = [
