@@ -272,7 +272,7 @@ class BatchCommit:
     topic_ids: Mapping[str, str] | None = None
     # The names of the pipeline's tables (`tables:`) as of this batch, in each table's commit:
     # a table with no commit of the pipeline that no other table's newest commit names is new
-    # to the pipeline; one they name was deleted or replaced (kafka_delta.routing.new_tables).
+    # to the pipeline; one they name was deleted or replaced (kafka_delta.resume.new_tables).
     # Empty: a pipeline of one table, or a commit written before tables were named.
     tables: tuple[str, ...] = ()
 
