@@ -1,6 +1,6 @@
 """Which skips this suite may report: a test that cannot run here is skipped with its reason, and
 only for a reason this machine really has; any other skip is a test passing vacuously, and
-fails the session (tests/conftest.py).
+fails the session (tests/suite_plugin.py).
 
 The delta-spark and Spark-kafka tests need connector jars that only Maven serves (none on the
 build machines): they skip with ``connectors_missing_reason()``, "<connector>[ and <connector>]

@@ -172,6 +172,7 @@ def test_cruft_update_brings_a_new_engine_version_and_keeps_the_users_edits(tmp_
     changed = git(project, "status", "--porcelain").splitlines()
     assert sorted(line.split()[-1] for line in changed) == [
         ".cruft.json",
+        "README.md",  # it names the pinned version
         "conf/local.yaml",
         "databricks.yml",
         "pyproject.toml",

@@ -16,7 +16,7 @@ LINE = re.compile(
 
 
 def _floor(*args: str) -> subprocess.CompletedProcess[str]:
-    # Its JVM maps the session's class archive (tests/conftest.py), as a user's second run does.
+    # Its JVM maps the session's class archive (tests/suite_plugin.py), as a user's second run does.
     return subprocess.run(
         [str(ROOT / "scripts" / "spark_floor"), *args], capture_output=True, text=True, timeout=600
     )

@@ -195,7 +195,7 @@ def test_a_spark_jvm_records_the_archive_at_exit_and_the_next_one_loads_classes_
     spark_class_archive: Path, tmp_path: Path
 ) -> None:
     """The archive every test's JVM maps: a real Spark JVM recorded it as it exited (once per
-    test environment, tests/conftest.py, through java_options and promote), and a JVM that
+    test environment, tests/suite_plugin.py, through java_options and promote), and a JVM that
     maps it loads Spark's classes from it."""
     env = dict(os.environ)
     archive_key = jvm_archive.key(env)

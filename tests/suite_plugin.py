@@ -1,6 +1,8 @@
-"""The template repo's suite: every skip must be one this machine really has (tests/skips.py),
-the heaviest tests start first, spread over the workers (``scripts/test`` runs two), and the
-Spark JVMs the tests start map one class archive of Spark's classes, recorded once per run."""
+"""The repository suite's plugin, for both of its trees (tests/ and engine/tests/; pyproject.toml
+loads it with ``-p suite_plugin``, a conftest.py would reach one tree only): every skip must be
+one this machine really has (tests/skips.py), the heaviest tests start first, spread over the
+workers (``scripts/test`` runs two), and the Spark JVMs the tests start map one class archive of
+Spark's classes, recorded once per run."""
 
 from __future__ import annotations
 
