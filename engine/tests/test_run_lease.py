@@ -23,6 +23,7 @@ from kafka_delta.cli import main
 from kafka_delta.commands.reset import _refuse_if_running
 from kafka_delta.config import PipelineConfig
 from kafka_delta.offsets.model import BatchCommit
+from kafka_delta.recovery import lease as lease_module
 from kafka_delta.recovery.lease import (
     STALE_AFTER_SECONDS,
     CheckpointInUseError,
@@ -260,6 +261,29 @@ def test_a_run_slow_to_write_its_lease_after_another_went_on_is_refused(tmp_path
     time.sleep(0.01)
     fast = RunLease(cfg).acquire()
     fast.first_on_checkpoint()  # ...but the other read the leases before it wrote: goes on
+    slow.acquire()
+    try:
+        with pytest.raises(CheckpointInUseError, match="is in use by another run"):
+            slow.first_on_checkpoint()
+    finally:
+        slow.release()
+        fast.release()
+
+
+def test_a_run_slow_to_write_its_lease_in_the_same_millisecond_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The case above when both runs take their key within one tick of the clock the key is
+    read from (milliseconds): seen once in a full suite on a fresh clone. Equal times fell to
+    the run ids, random, so the slow run went on half the time. The clock here ticks never, and
+    the slow run's id sorts first: it must still be refused."""
+    monkeypatch.setattr(lease_module, "_now_ms", lambda: 1_700_000_000_000)
+    cfg = _config(tmp_path, "127.0.0.1:9", "t")
+    slow = RunLease(cfg)
+    slow.lease = replace(slow.lease, run_id="a-slow")
+    fast = RunLease(cfg)
+    fast.lease = replace(fast.lease, run_id="z-fast")
+    fast.acquire().first_on_checkpoint()  # read the leases before the slow run wrote: goes on
     slow.acquire()
     try:
         with pytest.raises(CheckpointInUseError, match="is in use by another run"):

@@ -37,9 +37,9 @@ holds a lease on the same checkpoint (:class:`CheckpointInUseError`). Two runs t
 the same moment both write their lease before either reads the others'; each then sees the
 other, and the one whose lease is older by ``(started_ms, run_id)`` (values both read from
 the same files, so both agree whatever the clocks say) goes on while the other stops.
-``started_ms`` is taken once the lease file is visible, so a run whose read missed another's
-lease holds the older key (on one clock: across hosts, clocks decide, and the Delta fence
-still stops a conflicting commit).
+``started_ms`` is taken once the lease file is visible, and later than every key it sees then,
+so a run whose read missed another's lease holds the strictly older key (on one clock: across
+hosts, clocks decide, and the Delta fence still stops a conflicting commit).
 
 A lease wrongly judged active (its run is gone but its heartbeat is still fresh, or a clock is
 off) never blocks an operator for good: the message names the lease file to delete, and
@@ -375,7 +375,18 @@ class RunLease:
         # are read: a run that read the leases without seeing this one then holds an older
         # key. Taken before the write, a run slow to write (a thread that lost the GIL) could
         # hold the older key yet be unseen by a run that already went on: both went on.
-        self.lease = replace(self.lease, started_ms=_now_ms())
+        # And strictly later than every key on this checkpoint it can see now: a run that went
+        # on wrote its key before it read, so this run sees it; within one tick of the clock
+        # the two keys were equal and the random run ids decided (both went on, half the time).
+        with self._lock:
+            seen = read_leases_in(self._fs, self._folder, self._display)
+        keys = [
+            lease.started_ms
+            for lease in seen
+            if lease.run_id != self.lease.run_id
+            and same_checkpoint(lease.checkpoint, self.lease.checkpoint)
+        ]
+        self.lease = replace(self.lease, started_ms=max([_now_ms(), *(k + 1 for k in keys)]))
         self._write()
         self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
         self._thread.start()
