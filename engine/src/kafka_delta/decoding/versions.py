@@ -106,18 +106,21 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType:
         )
     if is_union(a) and is_union(b) and b.num_fields > a.num_fields:
         # A union widened by branches appended: the members so far stay, the new ones join.
-        if all(_loose(x.type) == _loose(y.type) for x, y in zip(a, b, strict=False)):
+        if all(loose_type(x.type) == loose_type(y.type) for x, y in zip(a, b, strict=False)):
             return b
     return a
 
 
-def _loose(t: pa.DataType) -> str:
+def loose_type(t: pa.DataType) -> str:
+    """A type's identity with nullability left out (names and types only): how two schema
+    versions' columns, and a batch's against its table's, are compared (the delta-rs writer
+    checks a non-null table column row by row instead: its ``write_files``)."""
     if pa.types.is_struct(t):
-        return "struct<" + ",".join(f"{f.name}:{_loose(f.type)}" for f in t) + ">"
+        return "struct<" + ",".join(f"{f.name}:{loose_type(f.type)}" for f in t) + ">"
     if pa.types.is_list(t):
-        return f"list<{_loose(t.value_type)}>"
+        return f"list<{loose_type(t.value_type)}>"
     if pa.types.is_map(t):
-        return f"map<{_loose(t.key_type)},{_loose(t.item_type)}>"
+        return f"map<{loose_type(t.key_type)},{loose_type(t.item_type)}>"
     return str(t)
 
 
@@ -138,7 +141,7 @@ def fit_rule(
 ) -> str | None:
     """None when a writer column of type ``writer`` goes into a reader column of type
     ``reader`` (collecting nested fields the reader lacks into ``new``), else why not."""
-    if _loose(writer) == _loose(reader) or _promotes(writer, reader):
+    if loose_type(writer) == loose_type(reader) or _promotes(writer, reader):
         return None
     if checked and (
         _narrows(writer, reader)
@@ -202,7 +205,7 @@ def fit_column(
     writer = array.type
     if writer == reader:
         return array, None, ""
-    if _loose(writer) == _loose(reader):
+    if loose_type(writer) == loose_type(reader):
         return _retype(array, reader), None, ""
     if _promotes(writer, reader) or (pa.types.is_string(writer) and pa.types.is_binary(reader)):
         return array.cast(reader), None, ""

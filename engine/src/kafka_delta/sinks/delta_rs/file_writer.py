@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from kafka_delta.decoding.versions import loose_type
 from kafka_delta.delta.table_storage import open_filesystem
 
 log = logging.getLogger(__name__)
@@ -108,18 +109,6 @@ def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
         ) from exc
 
 
-def _loose(dtype: pa.DataType) -> str:
-    """A type's identity for comparing a batch with a table: names and types, nullability
-    left out (a non-null table column is checked row by row instead, see :func:`write_files`)."""
-    if pa.types.is_struct(dtype):
-        return "struct<" + ",".join(f"{f.name}:{_loose(f.type)}" for f in dtype) + ">"
-    if pa.types.is_list(dtype):
-        return f"list<{_loose(dtype.value_type)}>"
-    if pa.types.is_map(dtype):
-        return f"map<{_loose(dtype.key_type)},{_loose(dtype.item_type)}>"
-    return str(dtype)
-
-
 def _nested_stricter(batch: pa.DataType, table: pa.DataType) -> bool:
     """True when the table forbids nulls inside a nested value where the batch allows them."""
     if pa.types.is_struct(table):
@@ -141,16 +130,18 @@ def check_batch_schema(batch: pa.Schema, table: pa.Schema, table_uri: str) -> No
     columns (already in Delta's types) and the table's; column order does not matter."""
     theirs = {f.name: f for f in table}
     ours = {f.name: f for f in batch}
-    problems = [f"missing column {n!r} ({_loose(theirs[n].type)})" for n in theirs if n not in ours]
-    problems += [f"extra column {n!r} ({_loose(ours[n].type)})" for n in ours if n not in theirs]
+    missing = [n for n in theirs if n not in ours]
+    problems = [f"missing column {n!r} ({loose_type(theirs[n].type)})" for n in missing]
+    extra = [n for n in ours if n not in theirs]
+    problems += [f"extra column {n!r} ({loose_type(ours[n].type)})" for n in extra]
     for name in (n for n in theirs if n in ours):
         mine, table_field = ours[name], theirs[name]
-        if _loose(mine.type) != _loose(table_field.type) and not _narrowable(
+        if loose_type(mine.type) != loose_type(table_field.type) and not _narrowable(
             mine.type, table_field.type
         ):
             problems.append(
-                f"column {name!r} is {_loose(mine.type)} in the batch, "
-                f"{_loose(table_field.type)} in the table"
+                f"column {name!r} is {loose_type(mine.type)} in the batch, "
+                f"{loose_type(table_field.type)} in the table"
             )
         elif _nested_stricter(mine.type, table_field.type):
             problems.append(
