@@ -2,9 +2,11 @@
 only for a reason this machine really has; any other skip is a test passing vacuously, and
 fails the session (tests/suite_plugin.py).
 
-The delta-spark and Spark-kafka tests need connector jars that only Maven serves (none on the
-build machines): they skip with ``connectors_missing_reason()``, "<connector>[ and <connector>]
-jars not on the classpath", naming exactly the missing ones among those the test needs.
+The delta-spark and Spark-kafka tests need connector jars from Maven Central, which
+``scripts/bootstrap`` fetches through the machine's Maven (kafka_delta_dev.connector_jars): they
+may skip only where there are none, with ``connector_skip_reason()``, "<connector>[ and
+<connector>] jars not on the classpath: <why>", naming exactly the missing ones among those the
+test needs and why this machine has none (no mvn, Maven refused, a folder without them).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+
+from kafka_delta.runtime.connectors import connectors_missing_reason
+from kafka_delta_dev.connector_jars import local_folder
 
 DELTA, KAFKA = "delta-spark", "spark-sql-kafka"
 # test_cluster_engine's check that a session without the jars stops at once skips where
@@ -30,12 +35,12 @@ ENVIRONMENT = (
 
 def missing_connectors(environ: Mapping[str, str]) -> set[str]:
     """The connectors the test session lacks under ``environ``, as kafka_delta_dev's plugin
-    decides: KAFKA_DELTA_CONNECTORS=packages fetches both; KAFKA_DELTA_JARS=<folder> puts that
-    folder's jars on spark.jars (delta-spark's; Spark's kafka source only where its jar is
-    there too); without either (a fresh clone, no Maven) neither is there."""
+    decides: KAFKA_DELTA_CONNECTORS=packages fetches both; else the jars of KAFKA_DELTA_JARS or
+    of the cache Maven filled (delta-spark's; Spark's kafka source only where its jar is there
+    too); without either, neither is there."""
     if environ.get("KAFKA_DELTA_CONNECTORS") == "packages":
         return set()
-    folder = environ.get("KAFKA_DELTA_JARS")
+    folder, _ = local_folder(dict(environ))
     if not folder:
         return {DELTA, KAFKA}
     has_kafka = any(Path(folder).expanduser().glob("spark-sql-kafka*.jar"))
@@ -47,12 +52,22 @@ def allowed_skips(environ: Mapping[str, str]) -> set[str]:
     missing = missing_connectors(environ)
     if not missing:
         return {NOTHING_MISSING}
+    folder, why = local_folder(dict(environ))
+    why = why or f"KAFKA_DELTA_JARS={folder} holds no jar of them"
     needs = [[DELTA], [KAFKA], [DELTA, KAFKA]]
     return {
-        f"{' and '.join(c for c in need if c in missing)} jars not on the classpath"
+        connectors_missing_reason([c for c in need if c in missing], why)
         for need in needs
         if any(c in missing for c in need)
     }
+
+
+def skip_reason(environ: Mapping[str, str], missing: list[str]) -> str:
+    """The reason a test of this repository skips with for want of ``missing`` connectors."""
+    folder, why = local_folder(dict(environ))
+    return connectors_missing_reason(
+        missing, why or f"KAFKA_DELTA_JARS={folder} holds no jar of them"
+    )
 
 
 def is_allowed(reason: str, environ: Mapping[str, str]) -> bool:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from skips import DELTA, missing_connectors
+from skips import DELTA, missing_connectors, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(
@@ -43,7 +43,7 @@ def test_repeated_sigkills_and_a_lost_checkpoint_leave_every_record_exactly_once
     doubled across the restarts the change causes. With ``s3``, the table lives in a bucket of
     a local S3 API (moto's server on loopback)."""
     if sink == "delta_spark" and DELTA in missing_connectors(os.environ):
-        pytest.skip(f"{DELTA} jars not on the classpath")
+        pytest.skip(skip_reason(os.environ, [DELTA]))
     result = subprocess.run(
         [
             sys.executable,

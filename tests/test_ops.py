@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from skips import DELTA, missing_connectors
+from skips import DELTA, missing_connectors, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -90,7 +90,7 @@ def _run_ops(
 @pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])
 def test_random_operator_moves_leave_every_record_exactly_once(tmp_path: Path, sink: str) -> None:
     if sink == "delta_spark" and DELTA in missing_connectors(os.environ):
-        pytest.skip(f"{DELTA} jars not on the classpath")
+        pytest.skip(skip_reason(os.environ, [DELTA]))
     offered, made, _ = _run_ops(tmp_path, sink, 1, SEEDS)
     # The seeds make every move (Tansu refuses CreatePartitions: add_partitions is a no-op here).
     assert set(offered.split(", ")) - {"add_partitions"} <= made, made
@@ -101,7 +101,7 @@ def test_random_operator_moves_on_two_tables_leave_each_record_exactly_once_in_e
     tmp_path: Path, sink: str
 ) -> None:
     if sink == "delta_spark" and DELTA in missing_connectors(os.environ):
-        pytest.skip(f"{DELTA} jars not on the classpath")
+        pytest.skip(skip_reason(os.environ, [DELTA]))
     offered, made, _ = _run_ops(tmp_path, sink, 2, SEEDS_OF_TWO)
     assert "delete_table" in offered.split(", "), offered
     assert made >= OF_TWO, made

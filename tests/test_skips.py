@@ -2,30 +2,64 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from kafka_delta_dev import connector_jars
 from skips import NOTHING_MISSING, is_allowed
 
+ONLY_DELTA = "delta-spark jars not on the classpath"
+ONLY_KAFKA = "spark-sql-kafka jars not on the classpath"
+BOTH = "delta-spark and spark-sql-kafka jars not on the classpath"
 
-def test_skip_rules_follow_the_connectors_each_setting_provides(tmp_path: Path) -> None:
-    only_delta = "delta-spark jars not on the classpath"
-    only_kafka = "spark-sql-kafka jars not on the classpath"
-    both = "delta-spark and spark-sql-kafka jars not on the classpath"
-    # A fresh clone, as the README's `./scripts/test` runs it: neither connector.
-    for reason in (only_delta, only_kafka, both):
-        assert is_allowed(reason, {}) and is_allowed(f"Skipped: {reason}", {"KAFKA_DELTA_JARS": ""})
-    assert not is_allowed("no Kafka broker: gone", {})  # not a connector: refused
-    assert not is_allowed(NOTHING_MISSING, {})
-    # delta-spark's jars in a folder: the delta-spark tests must run.
+
+def test_without_maven_the_jar_tests_may_skip_saying_so(tmp_path: Path) -> None:
+    # A machine without mvn and nothing in the cache: neither connector, and the reason says why.
+    bare = {"KAFKA_DELTA_JAR_CACHE": str(tmp_path / "cache"), "PATH": str(tmp_path)}
+    why = "Maven (mvn) is not on PATH to fetch them"
+    for reason in (ONLY_DELTA, ONLY_KAFKA, BOTH):
+        assert is_allowed(f"{reason}: {why}", bare) and is_allowed(
+            f"Skipped: {reason}: {why}", bare
+        )
+        assert not is_allowed(f"{reason}: some other reason", bare)
+    assert not is_allowed("no Kafka broker: gone", bare)  # not a connector: refused
+    assert not is_allowed(NOTHING_MISSING, bare)
+
+
+def test_a_failed_maven_resolution_is_the_reason_and_a_resolved_cache_allows_no_jar_skip(
+    tmp_path: Path,
+) -> None:
+    env = {"KAFKA_DELTA_JAR_CACHE": str(tmp_path), "PATH": os.environ["PATH"]}
+    folder = connector_jars.folder_for(connector_jars.coordinates(), tmp_path)
+    failed = folder.with_name(folder.name + ".FAILED")
+    failed.write_text("Maven could not resolve x:y:1: its repository does not serve x:y:jar:1\n")
+    why = failed.read_text().strip()
+    assert is_allowed(f"{BOTH}: {why}", env)
+    # Resolved (a MANIFEST written last): both connectors are there and no jar test may skip.
+    failed.unlink()
+    folder.mkdir()
+    (folder / "delta-spark_4.2_2.13-4.4.0.jar").touch()
+    (folder / "spark-sql-kafka-0-10_2.13-4.2.0.jar").touch()
+    (folder / connector_jars.MANIFEST).write_text("x\n")
+    assert not is_allowed(f"{ONLY_DELTA}: {why}", env)
+    assert is_allowed(NOTHING_MISSING, env)
+
+
+def test_a_folder_of_ones_own_overrides_the_cache(tmp_path: Path) -> None:
+    # delta-spark's jars in a folder: the delta-spark tests must run; the kafka source's may skip.
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "delta-spark_2.13-4.4.0.jar").touch()
-    with_jars = {"KAFKA_DELTA_JARS": str(jars)}
-    assert is_allowed(only_kafka, with_jars)
-    assert not is_allowed(only_delta, with_jars) and not is_allowed(both, with_jars)
-    # Maven access: both connectors are fetched; only the "jars missing" check may skip.
+    with_jars = {"KAFKA_DELTA_JARS": str(jars), "KAFKA_DELTA_JAR_CACHE": str(tmp_path / "c")}
+    why = f"KAFKA_DELTA_JARS={jars} holds no jar of them"
+    assert is_allowed(f"{ONLY_KAFKA}: {why}", with_jars)
+    assert not is_allowed(f"{ONLY_DELTA}: {why}", with_jars)
+    assert not is_allowed(f"{BOTH}: {why}", with_jars)
+    # Spark fetching them itself: both connectors; only the "jars missing" check may skip.
     packages = {"KAFKA_DELTA_CONNECTORS": "packages"}
-    assert is_allowed(NOTHING_MISSING, packages) and not is_allowed(only_kafka, packages)
+    assert is_allowed(NOTHING_MISSING, packages) and not is_allowed(
+        f"{ONLY_KAFKA}: {why}", packages
+    )
 
 
 def test_a_shallow_clone_may_skip_the_migration_from_a_commit_it_lacks() -> None:

@@ -40,15 +40,12 @@ def engine_config(name: str) -> dict[str, str]:
 
 def skip_without_connectors(spark, engine: dict[str, str]) -> None:
     """Skip (with the reason the suite reports) when the session lacks the engine's jars."""
-    from kafka_delta.runtime.connectors import (
-        connectors_missing_reason,
-        missing_connectors,
-        required_connectors,
-    )
+    from kafka_delta.runtime.connectors import missing_connectors, required_connectors
+    from kafka_delta_dev.pytest_plugin import connector_skip_reason
 
     missing = missing_connectors(spark, required_connectors(engine["source"], engine["sink"]))
     if missing:
-        pytest.skip(connectors_missing_reason(missing))
+        pytest.skip(connector_skip_reason(missing))
 
 
 @pytest.fixture(params=["delta_rs", "delta_spark"])

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from kafka_delta.runtime.connectors import connector_packages, connectors_missing_reason
+from kafka_delta.runtime.connectors import connector_packages
 from kafka_delta_dev.produce import produce_events
-from kafka_delta_dev.pytest_plugin import JARS_DIR, WITH_CONNECTORS
+from kafka_delta_dev.pytest_plugin import JARS_DIR, WITH_CONNECTORS, connector_skip_reason
 from support import PROJECT, assert_exactly_once
 
 RECORDS = 300
@@ -62,7 +62,7 @@ def test_run_local_with_a_jar_folder_writes_through_the_delta_spark_sink(
     elif WITH_CONNECTORS:  # Maven access: the same run, delta-spark fetched instead
         connectors = {"SPARK_SUBMIT_EXTRA": f"--packages {connector_packages()[0]}"}
     else:
-        pytest.skip(connectors_missing_reason(["delta-spark"]))
+        pytest.skip(connector_skip_reason(["delta-spark"]))
     (topic,) = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, [topic], RECORDS)
     mix = {"source": "embedded", "sink": "delta_spark"}

@@ -103,7 +103,10 @@ def test_other_failures_are_not_taken_for_bad_input() -> None:
 # -- end to end, where the delta-spark jars are ----------------------------------------------
 
 
-def _run(spark, tmp_path: Path, table: str, capsys) -> tuple[int, str]:
+def _run(spark, tmp_path: Path, table: str, capsys, bootstrap, new_topics) -> tuple[int, str]:
+    """A run of the delta-spark sink on ``table``, against the session's broker and a topic of
+    its own: the broker is up, so what stops the run is the table (the preflight reports an
+    unreachable broker before Spark starts, ahead of anything only Spark can find)."""
     import yaml
 
     from conftest import skip_without_connectors
@@ -112,10 +115,13 @@ def _run(spark, tmp_path: Path, table: str, capsys) -> tuple[int, str]:
 
     engine = {"source": "embedded", "sink": "delta_spark"}
     skip_without_connectors(spark, engine)
+    (topic,) = new_topics(1, partitions=1)
     data = yaml.safe_load((PROJECT / "conf" / "local.yaml").read_text())
     data.update(engine=engine, checkpoint=str(tmp_path / "cp"))
     data["delta"]["table"] = table
-    data["kafka"]["bootstrap_servers"] = "127.0.0.1:1"
+    data["kafka"].update(bootstrap_servers=bootstrap, topics=[topic])
+    # The config moves out of the project: its schema file is named where it is.
+    data["decoding"]["value"]["schema_file"] = str(PROJECT / "schemas" / "order_event.ddl")
     conf = tmp_path / "conf"
     conf.mkdir(exist_ok=True)
     (conf / "run.yaml").write_text(yaml.safe_dump(data))
@@ -123,10 +129,13 @@ def _run(spark, tmp_path: Path, table: str, capsys) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
+@pytest.mark.broker
 def test_a_run_on_a_name_whose_schema_does_not_exist_stops_with_one_sentence(
-    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str], kafka_bootstrap, new_topics
 ) -> None:
-    status, err = _run(spark, tmp_path, "kd_missing_schema.orders", capsys)
+    status, err = _run(
+        spark, tmp_path, "kd_missing_schema.orders", capsys, kafka_bootstrap, new_topics
+    )
     assert status == 2, err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "schema kd_missing_schema does not exist" in line
@@ -179,8 +188,9 @@ def test_a_refused_create_table_is_one_sentence_from_sparks_own_error(
     assert "\n" not in sentence and sentence.endswith("Nothing was written.")
 
 
+@pytest.mark.broker
 def test_a_refused_create_table_is_a_missing_grant_in_one_sentence(
-    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str], kafka_bootstrap, new_topics
 ) -> None:
     """End to end: the run's CREATE TABLE (delta-spark's createIfNotExists) is refused by the
     storage (on Databricks, Unity Catalog refuses it without the grant)."""
@@ -188,7 +198,7 @@ def test_a_refused_create_table_is_a_missing_grant_in_one_sentence(
 
     skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
     with _refusing_schema(spark, tmp_path, "kd_locked") as folder:
-        status, err = _run(spark, tmp_path, "kd_locked.orders", capsys)
+        status, err = _run(spark, tmp_path, "kd_locked.orders", capsys, kafka_bootstrap, new_topics)
         assert _nothing_in(folder)
     assert status == 2, err
     assert "lacks a grant" in err and "Traceback" not in err

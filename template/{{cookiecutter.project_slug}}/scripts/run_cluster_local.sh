@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Runs the pipeline on the cluster engine locally: Spark's built-in kafka source and delta-spark,
-# whose jars spark-submit fetches with --packages (needs access to Maven Central, or a mirror set
-# with spark.jars.repositories). The coordinates match the installed pyspark and delta-spark
-# (io.delta:delta-spark_<spark major.minor>_2.13, delta-spark's own rule): see connector_packages().
-# Without Maven access (air-gapped), KAFKA_DELTA_JARS=<folder> passes every jar of that folder
-# with --jars instead (scripts/run_local.sh does it): it must hold delta-spark's jars AND Spark's
-# kafka source (spark-sql-kafka-0-10 with kafka-clients and spark-token-provider-kafka-0-10).
-# With delta-spark's jars alone, use the embedded source: `engine: {source: embedded, sink:
+# Runs the pipeline on the cluster engine locally: Spark's built-in kafka source and delta-spark.
+# Their jars (delta-spark, Spark's kafka source, their dependencies), by the versions of the
+# installed pyspark and delta-spark, come from Maven Central through this machine's Maven into
+# the user's cache (`python -m kafka_delta_dev.connector_jars resolve`: once, then reused by every
+# run and by the tests). Without Maven (mvn), spark-submit fetches the same coordinates itself
+# with --packages. KAFKA_DELTA_JARS=<folder> passes every jar of a folder of one's own instead
+# (an air-gapped machine): it must hold delta-spark's jars AND Spark's kafka source
+# (spark-sql-kafka-0-10 with kafka-clients and spark-token-provider-kafka-0-10). With
+# delta-spark's jars alone, use the embedded source: `engine: {source: embedded, sink:
 # delta_spark}` in the config and KAFKA_DELTA_JARS=<folder> scripts/run_local.sh.
 #   scripts/run_cluster_local.sh --bootstrap-servers 127.0.0.1:9092 [--trigger processing-time]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
+if [ -z "${KAFKA_DELTA_JARS:-}" ] && command -v mvn >/dev/null 2>&1; then
+  # The cached jars (kafka_delta_dev, the project's dev extra), fetched through Maven if new.
+  KAFKA_DELTA_JARS="$("$PYTHON" -m kafka_delta_dev.connector_jars resolve 2>/dev/null)" || KAFKA_DELTA_JARS=""
+  export KAFKA_DELTA_JARS
+fi
 if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   [ -d "$KAFKA_DELTA_JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS is not a folder" >&2; exit 2; }
   # This script forces Spark's kafka source (--engine cluster): without its jar the run would

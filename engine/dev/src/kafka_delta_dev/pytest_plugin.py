@@ -9,9 +9,11 @@ Enable it in ``pyproject.toml`` (a generated project does)::
 
 Fixtures:
 
-- ``spark``: one local Spark session (``local[2]``, UTC, UI off) for the whole test session;
-  ``KAFKA_DELTA_JARS=<folder>`` puts a folder of connector jars (delta-spark, Spark's kafka
-  source) on it, ``KAFKA_DELTA_CONNECTORS=packages`` fetches them from Maven;
+- ``spark``: one local Spark session (``local[2]``, UTC, UI off) for the whole test session,
+  with the connector jars (delta-spark, Spark's kafka source) that
+  :mod:`kafka_delta_dev.connector_jars` fetched through Maven into the user's cache;
+  ``KAFKA_DELTA_JARS=<folder>`` puts a folder of one's own instead,
+  ``KAFKA_DELTA_CONNECTORS=packages`` has Spark fetch them (``spark.jars.packages``);
 - ``kafka_bootstrap``: ``KAFKA_BOOTSTRAP_SERVERS`` when set (any real Kafka), else the embedded
   broker (Tansu) on a free loopback port;
 - ``new_topics(count, partitions=3)``: uniquely named topics on it;
@@ -38,6 +40,7 @@ import pytest
 
 import kafka_delta
 from kafka_delta.runtime.python_launcher import use_for_spark
+from kafka_delta_dev import connector_jars
 
 if TYPE_CHECKING:
     from kafka_delta.config import PipelineConfig
@@ -56,9 +59,10 @@ use_for_spark()
 # (delta-spark, spark-sql-kafka) with spark.jars.packages. Needs access to Maven Central (or
 # spark.jars.repositories).
 WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
-# KAFKA_DELTA_JARS=<folder>: every jar in that folder goes on spark.jars instead (an air-gapped
-# machine's copy of the connectors).
-JARS_DIR = os.environ.get("KAFKA_DELTA_JARS") or None
+# The folder whose jars go on spark.jars: KAFKA_DELTA_JARS=<folder> (a copy of one's own), else
+# the jars scripts/bootstrap fetched through Maven (kafka_delta_dev.connector_jars). JARS_WHY
+# says, in the words a skip reports, why there is none.
+JARS_DIR, JARS_WHY = connector_jars.local_folder()
 NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
 NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
 
@@ -72,7 +76,6 @@ def connector_conf(source: str, sink: str) -> dict[str, str]:
     from kafka_delta.runtime.connectors import (
         DELTA_SESSION_CONFS,
         connector_packages,
-        connectors_missing_reason,
         local_connector_jars,
         required_connectors,
     )
@@ -88,8 +91,17 @@ def connector_conf(source: str, sink: str) -> dict[str, str]:
         if not missing:
             jars = ",".join(local_connector_jars(JARS_DIR))
             return {"spark.jars": jars, **DELTA_SESSION_CONFS}
-        pytest.skip(connectors_missing_reason(missing))
-    pytest.skip(connectors_missing_reason(needed))
+        pytest.skip(connector_skip_reason(missing))
+    pytest.skip(connector_skip_reason(needed))
+
+
+def connector_skip_reason(missing: list[str]) -> str:
+    """The one sentence a test skipped for want of ``missing`` connectors reports: which, and
+    why this machine has none (no Maven, Maven refused, a folder without them)."""
+    from kafka_delta.runtime.connectors import connectors_missing_reason
+
+    why = JARS_WHY or f"KAFKA_DELTA_JARS={JARS_DIR} holds no jar of them"
+    return connectors_missing_reason(missing, why)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -209,14 +209,15 @@ def _spark_state(uri: str, config: PipelineConfig) -> TableState | None:
     from kafka_delta.commands.table_log import command_spark
     from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError
 
-    table = SparkTable(command_spark(config), uri)
+    spark = command_spark(config)
+    table = SparkTable(spark, uri)
     try:
-        handle = table.delta()
+        if not table.exists():
+            return None
+        detail = spark.sql(f"DESCRIBE DETAIL {table.sql_name()}")
+        detail = detail.select("properties", "partitionColumns").first()
     except TableAccessError as exc:
         raise CommandError(str(exc)) from None
-    if handle is None:
-        return None
-    detail = handle.detail().select("properties", "partitionColumns").first()
     partitions = list(detail["partitionColumns"] or [])
     files = (
         table.frame()
@@ -230,7 +231,7 @@ def _spark_state(uri: str, config: PipelineConfig) -> TableState | None:
     )
     return TableState(
         uri,
-        int(table.history(1, handle)[0]["version"]),  # type: ignore[call-overload]
+        int(table.history(1)[0]["version"]),  # type: ignore[call-overload]
         dict(detail["properties"] or {}),
         partitions,
         files,
@@ -337,7 +338,8 @@ class DeltaSparkMaintainer:
     def compact(self, uri: str) -> tuple[int, int, int]:
         from kafka_delta.sinks.delta_spark.table import SparkTable
 
-        row = SparkTable(self.spark, uri).delta().optimize().executeCompaction().first()
+        table = SparkTable(self.spark, uri).sql_name()
+        row = self.spark.sql(f"OPTIMIZE {table}").first()
         metrics = row["metrics"] if row is not None else None
         if metrics is None:
             return 0, 0, 0

@@ -76,12 +76,11 @@ class SparkCommandTable:
     delta-rs's ``DeltaTable`` (``history``, ``version``, ``schema().to_arrow()``,
     ``to_pyarrow_table``), answered through Spark alone."""
 
-    def __init__(self, table: Any, handle: Any) -> None:
+    def __init__(self, table: Any) -> None:
         self.table = table  # kafka_delta.sinks.delta_spark.table.SparkTable
-        self.handle = handle  # its delta.tables.DeltaTable
 
     def history(self, limit: int | None = None) -> list[dict[str, object]]:
-        return self.table.history(limit, self.handle)
+        return self.table.history(limit)
 
     def version(self) -> int:
         return int(self.history(1)[0]["version"])  # type: ignore[call-overload]
@@ -110,7 +109,8 @@ def command_spark(config: PipelineConfig) -> Any:
         raise CommandError(
             "the table is written by delta-spark (engine.sink: delta_spark), and this Spark "
             "session has no delta-spark jars: run the command where the pipeline runs "
-            "(Databricks, or KAFKA_DELTA_JARS=<folder> locally)"
+            "(Databricks, or locally with the jars on the session: spark.jars or "
+            "spark.jars.packages in the config's spark: section)"
         )
     return spark
 
@@ -126,10 +126,10 @@ def open_table(uri: str, config: PipelineConfig) -> Any | None:
 
     table = SparkTable(command_spark(config), uri)
     try:
-        handle = table.delta()
+        exists = table.exists()
     except TableAccessError as exc:
         raise CommandError(str(exc)) from None
-    return None if handle is None else SparkCommandTable(table, handle)
+    return SparkCommandTable(table) if exists else None
 
 
 def open_existing(uri: str, config: PipelineConfig, what: str = "table") -> Any:
@@ -149,7 +149,7 @@ def table_log(table: Any, config: PipelineConfig) -> TableLog:
         copies = CommitCopies(
             config.delta.table, config.checkpoint, config.pipeline_id, config.delta.storage_options
         )
-        return DeltaSparkLog(table.table, config.pipeline_id, copies, table.handle)
+        return DeltaSparkLog(table.table, config.pipeline_id, copies)
     from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog
 
     return DeltaRsLog(table)

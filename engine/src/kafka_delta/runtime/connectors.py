@@ -53,7 +53,7 @@ def connector_packages() -> list[str]:
     from importlib.metadata import version
 
     spark = version("pyspark")
-    # delta-spark's own rule (delta/pip_utils.py, configure_spark_with_delta_pip, 4.4.1): the
+    # delta-spark's own rule (delta/pip_utils.py, configure_spark_with_delta_pip, 4.4.0): the
     # artifact carries the Spark major.minor it is built for, io.delta:delta-spark_4.2_2.13 for
     # pyspark 4.2.x. That helper only hands back a SparkSession builder, so the rule is repeated.
     spark_major_minor = ".".join(spark.split(".")[:2])
@@ -63,10 +63,11 @@ def connector_packages() -> list[str]:
     ]
 
 
-def connectors_missing_reason(missing: list[str]) -> str:
+def connectors_missing_reason(missing: list[str], why: str | None = None) -> str:
     """What a test skipped for lack of connector jars reports, e.g. ``spark-sql-kafka jars not
-    on the classpath``: it names exactly the connectors this session lacks."""
-    return f"{' and '.join(missing)} jars not on the classpath"
+    on the classpath: Maven (mvn) is not on PATH to fetch them``: it names exactly the
+    connectors this session lacks, and ``why`` the machine has none."""
+    return f"{' and '.join(missing)} jars not on the classpath" + (f": {why}" if why else "")
 
 
 def local_connector_jars(folder: str) -> list[str]:

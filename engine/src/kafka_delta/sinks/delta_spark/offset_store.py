@@ -2,7 +2,7 @@
 
 The sink reads the log twice a batch (its check, then the read-back that proves the commit is
 this batch's) and the offset store at every start, all through :class:`DeltaSparkLog`: the
-table's history (``DeltaTable.history()``), its rows, and the commit copies beside the
+table's history (``DESCRIBE HISTORY``), its rows, and the commit copies beside the
 checkpoint. :func:`kafka_delta.offsets.stored.read_stored` reads the same commits it reads on a
 delta-rs table, so the guarantees do not depend on the engine.
 
@@ -47,12 +47,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
 
 from pyspark.sql import SparkSession
 
 from kafka_delta.offsets.model import StoredOffsets, fence_app_id, parse_user_metadata
-from kafka_delta.offsets.stored import TableLog, newest_commit_version, read_stored
+from kafka_delta.offsets.stored import (
+    HISTORY_PAGES,
+    TableLog,
+    newest_commit_version,
+    read_stored,
+)
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 from kafka_delta.sinks.delta_spark.table import SparkTable
 
@@ -68,17 +72,24 @@ class DeltaSparkLog:
         table: SparkTable,
         pipeline_id: str,
         copies: CommitCopies | None,
-        handle: Any | None = None,
+        pages: Mapping[int | None, Sequence[Mapping[str, object]]] | None = None,
     ) -> None:
         self.table = table
         self.pipeline_id = pipeline_id
         self.copies = copies
-        # The table's DeltaTable, resolved once per read of the log (by name: one catalog
-        # lookup, not one per history page).
-        self.handle = handle if handle is not None else table.delta()
+        # The history pages read so far, by limit: one object is the log as it was when read,
+        # and every reading of delta-spark's history is a Spark job (DeltaHistoryManager reads
+        # the commit files in one), so a page is read once and serves every smaller one.
+        self._pages: dict[int | None, Sequence[Mapping[str, object]]] = dict(pages or {})
 
     def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
-        return self.table.history(limit, self.handle)
+        for read, page in self._pages.items():
+            complete = read is None or len(page) < read
+            if complete or (limit is not None and read >= limit):
+                return page if limit is None else page[:limit]
+        page = self.table.history(limit)
+        self._pages[limit] = page
+        return page
 
     def transaction_version(self, app_id: str) -> int | None:
         """For the pipeline's fence: a ``seq`` no lower than the one Delta stores (see the module
@@ -130,11 +141,17 @@ class TableLogReader:
         self.copies = copies
 
     def read(self) -> TableLog | None:
-        """The log as it is now; None when the table does not exist."""
-        handle = self.table.delta()
-        if handle is None:
+        """The log as it is now, its newest page of history read; None when the table does
+        not exist. One Spark job (the history's) for a table by path; by name, the catalog
+        first tells whether the table and its schema exist."""
+        if self.table.name is not None and not self.table.exists():
             return None
-        return DeltaSparkLog(self.table, self.pipeline_id, self.copies, handle)
+        first = self.table.history(HISTORY_PAGES[0])
+        if not first:  # by path: no Delta table there
+            return None
+        return DeltaSparkLog(
+            self.table, self.pipeline_id, self.copies, pages={HISTORY_PAGES[0]: first}
+        )
 
 
 def newest_stored_in(

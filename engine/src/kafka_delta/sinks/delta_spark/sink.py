@@ -29,11 +29,12 @@ batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurren
 same checkpoint that commits the batch first makes this one a replay too.
 
 Through Spark alone (I14): the table is reached by catalog name or by path through
-:class:`.table.SparkTable` (``DeltaTable.forName``/``forPath``, ``saveAsTable``/``save``); the
+:class:`.table.SparkTable` (Spark SQL: ``DESCRIBE HISTORY``, ``MERGE INTO``; the writer's
+``saveAsTable``/``save``); the
 check and the read-back read the pipeline's commits from the table's history
 (:class:`.offset_store.TableLogReader`), never its txn actions, which Spark cannot read (why
 replay, fencing and a new checkpoint need none: :mod:`.offset_store`). A table by name that does
-not exist is created before its first write (``DeltaTable.createIfNotExists``). The rows a
+not exist is created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a
 commit wrote come from its own ``operationMetrics`` (read back with it), so an append runs one
 Spark job: the write.
 
@@ -49,7 +50,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -64,7 +64,7 @@ from kafka_delta.offsets.model import (
     fence_app_id,
     partitions_of,
 )
-from kafka_delta.offsets.stored import read_stored
+from kafka_delta.offsets.stored import TableLog, read_stored
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import (
     POSITION,
@@ -75,7 +75,7 @@ from kafka_delta.sinks.dead_letters import (
 )
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 from kafka_delta.sinks.delta_spark.offset_store import TableLogReader
-from kafka_delta.sinks.delta_spark.table import SparkTable
+from kafka_delta.sinks.delta_spark.table import SparkTable, quoted_part
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
@@ -128,20 +128,53 @@ def delta_txn_confs(
                 spark.conf.set(key, value)
 
 
-def merge_builder(target: Any, frame: DataFrame, clauses: MergeClauses, on: str) -> Any:
-    """delta-spark's MERGE of ``frame`` (alias ``s``) into ``target`` (alias ``t``) by
-    :func:`..upsert.merge_clauses`, the delta-rs sink's rule: WHEN MATCHED AND the delete
-    predicate THEN DELETE, then UPDATE and INSERT of every column but ``except_cols``
-    (delta-spark's builder has no "all but": the columns are named, which schema evolution
-    (autoMerge) follows for columns the table lacks)."""
-    merge = target.merge(frame.alias("s"), on)
+def merge_statement(
+    target: str, view: str, columns: list[str], clauses: MergeClauses, on: str
+) -> str:
+    """Delta's ``MERGE INTO`` SQL of the view ``view`` (alias ``s``) into ``target`` (alias
+    ``t``) by :func:`..upsert.merge_clauses`, the delta-rs sink's rule: WHEN MATCHED AND the
+    delete predicate THEN DELETE, then UPDATE and INSERT of every column but ``except_cols``
+    (``SET *`` / ``INSERT *`` when none is left out; else the columns are named, which schema
+    evolution (autoMerge) follows for columns the table lacks)."""
+    parts = [f"MERGE INTO {target} AS t USING `{view}` AS s ON {on}"]
     if clauses.delete is not None:
-        merge = merge.whenMatchedDelete(condition=clauses.delete)
+        parts.append(f"WHEN MATCHED AND ({clauses.delete}) THEN DELETE")
+    update = f" AND ({clauses.update})" if clauses.update else ""
+    insert = f" AND ({clauses.insert})" if clauses.insert else ""
     if not clauses.except_cols:
-        return merge.whenMatchedUpdateAll(condition=clauses.update).whenNotMatchedInsertAll()
-    columns = {f"`{c}`": f"s.`{c}`" for c in frame.columns if c not in clauses.except_cols}
-    merge = merge.whenMatchedUpdate(condition=clauses.update, set=columns)
-    return merge.whenNotMatchedInsert(condition=clauses.insert, values=columns)
+        parts.append(f"WHEN MATCHED{update} THEN UPDATE SET *")
+        parts.append(f"WHEN NOT MATCHED{insert} THEN INSERT *")
+        return " ".join(parts)
+    kept = [quoted_part(c) for c in columns if c not in clauses.except_cols]
+    sets = ", ".join(f"t.{c} = s.{c}" for c in kept)
+    parts.append(f"WHEN MATCHED{update} THEN UPDATE SET {sets}")
+    parts.append(
+        f"WHEN NOT MATCHED{insert} THEN INSERT ({', '.join(kept)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in kept)})"
+    )
+    return " ".join(parts)
+
+
+# delta-spark's refusals of a commit that lost a race to another writer: a concurrent commit
+# (ConcurrentTransactionException and its kin), and two runs creating a table by path at once
+# (the second finds the first's protocol and metadata: ProtocolChangedException "multiple
+# writers are writing to an empty directory", MetadataChangedException). Each is a lost race,
+# judged like any other by reading the table back: the loser is fenced, or finds its batch in.
+LOST_RACE = (
+    "ConcurrentTransaction",
+    "CONCURRENT_TRANSACTION",
+    "ConcurrentAppend",
+    "CONCURRENT_APPEND",
+    "DELTA_PROTOCOL_CHANGED",
+    "ProtocolChangedException",
+    "DELTA_METADATA_CHANGED",
+    "MetadataChangedException",
+)
+
+
+def lost_race(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(mark in text for mark in LOST_RACE)
 
 
 class DeltaSparkSink:
@@ -182,12 +215,11 @@ class DeltaSparkSink:
         table's column first, by a commit of its own (:func:`.widening.widen_columns`); without
         schema evolution it goes into the table's column where each value fits, its other rows
         dead letters (:func:`kafka_delta.delta.promotion.fit_to_table`)."""
-        table = self.table.delta()
-        schema = None if table is None else table.toDF().schema
+        schema = self.table.schema()
         if (
             schema is not None
             and self.mode.add_columns
-            and widen_columns(self.spark, self.table, table, schema, out.schema)
+            and widen_columns(self.spark, self.table, schema, out.schema)
         ):
             schema = self.table.frame().schema
         if schema is not None and narrower_columns(out.schema, schema, widening=False):
@@ -199,21 +231,21 @@ class DeltaSparkSink:
 
     def _stored(
         self, commit: BatchCommit, start: Offsets | None
-    ) -> tuple[bool, StoredOffsets | None]:
-        """(whether the table exists, the pipeline's stored offsets in it), as the log is now."""
+    ) -> tuple[TableLog | None, StoredOffsets | None]:
+        """(the log as it is now, None when there is no table; the pipeline's stored offsets
+        in it)."""
         table_log = self.reader.read()
         if table_log is None:
-            return False, None
+            return None, None
         names = partitions_of(commit.end_offsets, start or {})
-        return True, read_stored(table_log, self.pipeline_id, lambda: names)
+        return table_log, read_stored(table_log, self.pipeline_id, lambda: names)
 
-    def _rows_committed(self, version: int, frame: DataFrame) -> int:
+    def _rows_committed(self, version: int, frame: DataFrame, table_log: TableLog) -> int:
         """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
-        read from the log the read-back just brought up to date; counted with a Spark job
-        only when the writer recorded no metrics (``spark.databricks.delta.history.
-        metricsEnabled`` off)."""
-        table_log = self.reader.read()
-        newest = table_log.history(METRICS_LOOKBACK) if table_log is not None else ()
+        from the history page the read-back just read (no second reading of the log); counted
+        with a Spark job only when the writer recorded no metrics (``spark.databricks.delta.
+        history.metricsEnabled`` off)."""
+        newest = table_log.history(METRICS_LOOKBACK)
         entry = next((e for e in newest if e.get("version") == version), None)
         metrics = entry.get("operationMetrics") if entry is not None else None
         if isinstance(metrics, dict) and str(metrics.get("numOutputRows", "")).isdigit():
@@ -235,11 +267,11 @@ class DeltaSparkSink:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
         self._checked = None
-        exists, stored = self._stored(commit, start)
+        table_log, stored = self._stored(commit, start)
         if self._is_replay(stored, commit):
             return True
         check_contiguous(stored, start, commit, firsts)
-        self._checked = ((commit.app_id, commit.batch_id), exists, stored)
+        self._checked = ((commit.app_id, commit.batch_id), table_log is not None, stored)
         return False
 
     def commit_batch(
@@ -256,7 +288,8 @@ class DeltaSparkSink:
         if checked is not None and checked[0] == (commit.app_id, commit.batch_id):
             _, exists, stored = checked
         else:
-            exists, stored = self._stored(commit, start)
+            table_log, stored = self._stored(commit, start)
+            exists = table_log is not None
         if self._is_replay(stored, commit):
             log.info(
                 "batch %d of %s is already in the table (%s): replay skipped",
@@ -272,14 +305,14 @@ class DeltaSparkSink:
         count = frame.count() if self.mode.kind == "upsert" and exists else None
         try:
             if count:
-                merge = merge_builder(
-                    self.table.delta().alias("t"),
-                    frame,
-                    merge_clauses(self.mode, frame.columns),
-                    self.mode.merge_predicate(),
-                )
-                with delta_txn_confs(self.spark, commit, self.mode.add_columns):
-                    merge.execute()
+                clauses = merge_clauses(self.mode, frame.columns)
+                target, on = self.table.sql_name(), self.mode.merge_predicate()
+                # The batch's own session runs the MERGE, so its confs carry the txn.
+                with delta_txn_confs(frame.sparkSession, commit, self.mode.add_columns):
+                    self.table.merge(
+                        frame,
+                        lambda view: merge_statement(target, view, frame.columns, clauses, on),
+                    )
             else:
                 # An append; for an upsert also its first batch and an empty one, which must
                 # still commit its offsets (their deletes delete nothing; `_op` is no column).
@@ -297,10 +330,11 @@ class DeltaSparkSink:
                     writer = writer.option("mergeSchema", "true")
                 self.table.save(writer)
         except Exception as exc:
-            if "ConcurrentTransaction" not in str(exc) and "CONCURRENT_TRANSACTION" not in str(exc):
+            if not lost_race(exc):
                 raise
-            log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, exc)
-        _, after = self._stored(commit, start)
+            first = str(exc).splitlines()[0][:200]
+            log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, first)
+        after_log, after = self._stored(commit, start)
         if after is not None and (after.app_id, after.batch_id, after.seq) == (
             commit.app_id,
             commit.batch_id,
@@ -314,7 +348,8 @@ class DeltaSparkSink:
             except Exception as exc:  # a hint: the next start writes it from the log again
                 log.warning("cannot keep the copy of commit %d: %s", commit.seq, exc)
             if count is None:
-                count = self._rows_committed(after.delta_version, frame)
+                assert after_log is not None
+                count = self._rows_committed(after.delta_version, frame, after_log)
             return SinkResult(written=True, rows=count, delta_version=after.delta_version)
         if self._is_replay(after, commit):
             # A concurrent run of this checkpoint committed the same batch first.

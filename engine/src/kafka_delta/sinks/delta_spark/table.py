@@ -3,15 +3,19 @@
 locally) or by path (:mod:`kafka_delta.table_names` tells which).
 
 Every read and write of the delta-spark sink, its offset store and the commands on a delta-spark
-table goes through :class:`SparkTable`: ``DeltaTable.forName`` / ``forPath``, its
-``history()``, the rows as ``spark.table(name)`` / ``spark.read.format("delta").load(path)``,
-the writer's ``saveAsTable(name)`` / ``save(path)``. Nothing here opens a file, imports
-delta-rs or touches Spark's JVM, so it runs where Python talks to Spark through Spark Connect
-and where the platform gives storage credentials to Spark alone.
+table goes through :class:`SparkTable`, in Spark SQL and the DataFrame API only: ``DESCRIBE
+HISTORY``, ``SHOW TBLPROPERTIES``, ``MERGE INTO``, ``CREATE TABLE IF NOT EXISTS``,
+``OPTIMIZE``, the rows as ``spark.table(name)`` / ``spark.read.format("delta").load(path)``, the
+writer's ``saveAsTable(name)`` / ``save(path)``. Never delta-spark's Python ``DeltaTable``: under
+Spark Connect it needs Delta's Connect plugin on the server (``delta.connect.DeltaRelation``),
+which a plain Spark Connect server with Delta's jars lacks, while Delta's SQL runs on any session
+with Delta's extension (classic, Connect, serverless, standard access). Nothing here opens a
+file, imports delta-rs or touches Spark's JVM, so it runs where Python talks to Spark through
+Spark Connect and where the platform gives storage credentials to Spark alone.
 
-A table by name that does not exist yet is created before its first write with
-``DeltaTable.createIfNotExists`` (the batch's columns and the sink's table properties): a
-managed table in the schema the name gives. By path, the first append creates it, as before.
+A table by name that does not exist yet is created before its first write with ``CREATE TABLE
+IF NOT EXISTS`` (the batch's columns and the sink's table properties): a managed table in the
+schema the name gives. By path, the first append creates it, as before.
 
 Bad input is one sentence (:class:`TableAccessError`, exit code 2 from the command line), found
 from Spark's own error classes and messages (:func:`access_problem`), never a trace: a catalog
@@ -22,8 +26,8 @@ the principal lacks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
@@ -150,8 +154,40 @@ def access_problem(exc: BaseException, location: str, action: str) -> TableAcces
     return TableAccessError(f"{sentence} Nothing was written.")
 
 
+# Spark's answers for a path that holds no Delta table (DESCRIBE HISTORY of it): it does not
+# exist yet, for the sink (the first append creates it).
+_NOT_A_TABLE = (
+    "DELTA_TABLE_ONLY_OPERATION",
+    "DELTA_MISSING_DELTA_TABLE",
+    "DELTA_TABLE_NOT_FOUND",
+    "is not a Delta table",
+    "PATH_NOT_FOUND",
+)
+
+
+def type_ddl(data_type: DataType) -> str:
+    """``data_type`` in Spark SQL's DDL, every field name quoted (``simpleString`` quotes none)."""
+    if isinstance(data_type, StructType):
+        fields = ", ".join(f"{quoted_part(f.name)}: {type_ddl(f.dataType)}" for f in data_type)
+        return f"STRUCT<{fields}>"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{type_ddl(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{type_ddl(data_type.keyType)}, {type_ddl(data_type.valueType)}>"
+    return data_type.simpleString()
+
+
+def quoted_part(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 class SparkTable:
-    """One Delta table, by name or by path, reached through Spark (see the module docstring)."""
+    """One Delta table, by name or by path, reached through Spark SQL (see the module
+    docstring)."""
 
     def __init__(self, spark: SparkSession, location: str) -> None:
         self.spark = spark
@@ -164,28 +200,29 @@ class SparkTable:
     def exists(self) -> bool:
         """Whether the table exists. By name, its catalog and schema must exist (a
         :class:`TableAccessError` when they do not: a missing table is created, a missing
-        schema is the config's mistake)."""
-        from delta.tables import DeltaTable
-
+        schema is the config's mistake). By path, whether the path holds a Delta table (the
+        analysis of a read of it: no Spark job)."""
         try:
             if self.name is None:
-                return bool(DeltaTable.isDeltaTable(self.spark, self.location))
+                try:
+                    self.frame().schema  # noqa: B018  (analysis only: no Spark job)
+                except Exception as exc:
+                    if any(mark in str(exc) for mark in _NOT_A_TABLE):
+                        return False
+                    raise
+                return True
             parts = name_parts(self.name)
             self.spark.sql(f"DESCRIBE SCHEMA {quoted('.'.join(parts[:-1]))}").collect()
             return bool(self.spark.catalog.tableExists(self.name))
         except Exception as exc:
             raise self._failed(exc, "read") from None
 
-    def delta(self) -> Any | None:
-        """``delta.tables.DeltaTable`` of the table, or None when it does not exist."""
-        from delta.tables import DeltaTable
-
+    def schema(self) -> StructType | None:
+        """The table's columns, or None when it does not exist."""
         if not self.exists():
             return None
         try:
-            if self.name is not None:
-                return DeltaTable.forName(self.spark, self.name)
-            return DeltaTable.forPath(self.spark, self.location)
+            return self.frame().schema
         except Exception as exc:
             raise self._failed(exc, "read") from None
 
@@ -195,39 +232,72 @@ class SparkTable:
             return self.spark.table(quoted(self.name))
         return self.spark.read.format("delta").load(self.location)
 
-    def history(self, limit: int | None, handle: Any | None = None) -> list[dict[str, object]]:
+    def history(self, limit: int | None) -> list[dict[str, object]]:
         """commitInfo dicts (:data:`HISTORY_COLUMNS`, ``timestamp`` in epoch milliseconds as
-        delta-rs gives it), newest first; [] when there is no table. ``handle``: the table's
-        ``DeltaTable`` when the caller holds one (each ``history()`` reads the log anew)."""
-        table = handle if handle is not None else self.delta()
-        if table is None:
-            return []
-        frame = table.history(limit) if limit is not None else table.history()
-        present = [c for c in HISTORY_COLUMNS if c in frame.columns]
-        rows = [row.asDict(recursive=True) for row in frame.select(*present).collect()]
+        delta-rs gives it), newest first, from ``DESCRIBE HISTORY`` (which reads the newest
+        ``limit`` commit files on the driver, no Spark job); [] when there is no table."""
+        query = f"DESCRIBE HISTORY {self.sql_name()}" + (
+            f" LIMIT {int(limit)}" if limit is not None else ""
+        )
+        try:
+            # collect() of the command's own result: a select() on it would be a second job.
+            found = [row.asDict(recursive=True) for row in self.spark.sql(query).collect()]
+            rows = [{c: row[c] for c in HISTORY_COLUMNS if c in row} for row in found]
+        except Exception as exc:
+            if self.name is None and any(mark in str(exc) for mark in _NOT_A_TABLE):
+                return []
+            if self.name is not None and "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+                return []
+            raise self._failed(exc, "read") from None
         for row in rows:
             stamp = row.get("timestamp")
             row["timestamp"] = int(stamp.timestamp() * 1000) if stamp is not None else None
         return rows
+
+    def properties(self) -> dict[str, str]:
+        """The table's properties (``SHOW TBLPROPERTIES``: its metadata, no Spark job)."""
+        try:
+            rows = self.spark.sql(f"SHOW TBLPROPERTIES {self.sql_name()}").collect()
+        except Exception as exc:
+            raise self._failed(exc, "read") from None
+        return {str(r["key"]): str(r["value"]) for r in rows}
 
     def create_if_missing(
         self, schema: StructType, properties: Mapping[str, str] = NEW_TABLE_PROPERTIES
     ) -> None:
         """By name: create the table (``schema``, made nullable as a first append makes it;
         ``properties``) when it does not exist yet, as its first write needs; by path nothing
-        (the first append creates it)."""
+        (the first append creates it). Two runs creating it at once both go on: the catalog's
+        IF NOT EXISTS lets the second find the first's table."""
         if self.name is None:
             return
-        from delta.tables import DeltaTable
-
+        columns = ", ".join(
+            f"{quoted_part(f.name)} {type_ddl(f.dataType)}" for f in as_nullable(schema).fields
+        )
+        props = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in properties.items())
+        statement = f"CREATE TABLE IF NOT EXISTS {self.sql_name()} ({columns}) USING delta" + (
+            f" TBLPROPERTIES ({props})" if props else ""
+        )
         try:
-            builder = DeltaTable.createIfNotExists(self.spark).tableName(self.name)
-            builder = builder.addColumns(as_nullable(schema))
-            for key, value in properties.items():
-                builder = builder.property(key, value)
-            builder.execute()
+            self.spark.sql(statement).collect()
         except Exception as exc:
+            if "ALREADY_EXISTS" in str(exc) or "AlreadyExists" in str(exc):
+                return  # a concurrent run created it between the check and the statement
             raise self._failed(exc, "create") from None
+
+    def merge(self, frame: DataFrame, statement: Callable[[str], str]) -> None:
+        """MERGE ``frame`` into the table: ``statement(view)`` is the ``MERGE INTO`` SQL of
+        this table from the temporary view ``view`` of ``frame``, run in ``frame``'s own
+        session (the batch's: the txn confs are set there) and dropped after."""
+        session = frame.sparkSession
+        view = f"kafka_delta_merge_{uuid.uuid4().hex}"
+        frame.createOrReplaceTempView(view)
+        try:
+            session.sql(statement(view)).collect()
+        except Exception as exc:
+            raise self._failed(exc, "write") from None
+        finally:
+            session.catalog.dropTempView(view)
 
     def save(self, writer: DataFrameWriter) -> None:
         """Run ``writer`` (format delta, mode and options set) against the table."""

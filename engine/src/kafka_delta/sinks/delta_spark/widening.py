@@ -25,7 +25,7 @@ dead letter naming the column, the value and both types.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -66,11 +66,11 @@ def _tick(name: str) -> str:
 
 
 def widen_columns(
-    spark: SparkSession, target: SparkTable, table: Any, schema: T.StructType, batch: T.StructType
+    spark: SparkSession, target: SparkTable, schema: T.StructType, batch: T.StructType
 ) -> bool:
-    """Widen the columns of ``target`` (by name or path; ``table``: its delta-spark
-    ``DeltaTable``, ``schema`` its columns) that ``batch`` holds wider, as the module says;
-    True when it committed a change. Spark SQL and the DataFrame API only (I14)."""
+    """Widen the columns of ``target`` (by name or path; ``schema`` its columns) that
+    ``batch`` holds wider, as the module says; True when it committed a change. Spark SQL and
+    the DataFrame API only (I14)."""
     theirs = {f.name: f.dataType for f in batch.fields}
     wider = {
         f.name: w
@@ -80,8 +80,7 @@ def widen_columns(
     if not wider:
         return False
     ref = target.sql_name()
-    properties = table.detail().select("properties").first()
-    widening = (properties[0] or {}).get("delta.enableTypeWidening", "false") == "true"
+    widening = target.properties().get("delta.enableTypeWidening", "false") == "true"
     changes: list[tuple[str, T.DataType]] | None = [] if widening else None
     if changes is not None:
         try:
