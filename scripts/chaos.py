@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "--sink",
         choices=["delta_rs", "delta_spark"],
         default="delta_rs",
-        help=f"delta_spark needs {harness.JARS_ENV}=<folder of delta-spark jars>",
+        help="delta_spark needs delta-spark's jars: those scripts/bootstrap fetched through "
+        f"Maven, or ${harness.JARS_ENV}=<folder>",
     )
     parser.add_argument(
         "--fan-out",
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--table-on s3 needs --sink delta_rs (delta-spark on S3 needs hadoop-aws)")
     rng = random.Random(args.seed)
 
-    settings = harness.sink_settings(args.sink, os.environ.get(harness.JARS_ENV))
+    settings = harness.sink_settings(args.sink, harness.default_jars())
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     generated = harness.generate(args.workdir)

@@ -25,8 +25,18 @@ from kafka_delta_dev.object_store import LocalS3
 from kafka_delta_dev.schema_registry_server import LocalSchemaRegistry
 
 REPO = Path(__file__).resolve().parents[1]
-# A folder of delta-spark jars (no Maven here): the delta_spark sink runs only with it.
+# A folder of delta-spark jars of one's own; by default the ones scripts/bootstrap fetched
+# through Maven (kafka_delta_dev.connector_jars): the delta_spark sink runs only with them.
 JARS_ENV = "KAFKA_DELTA_JARS"
+
+
+def default_jars() -> str | None:
+    """$KAFKA_DELTA_JARS, else the connector jars Maven put in the cache; None: neither."""
+    from kafka_delta_dev.connector_jars import local_folder
+
+    return local_folder()[0]
+
+
 DELTA_SESSION_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -108,7 +118,10 @@ def sink_settings(sink: str, jars_dir: str | None) -> dict[str, Any]:
     settings: dict[str, Any] = {"engine": {"source": "embedded", "sink": sink}}
     if sink == "delta_spark":
         if not jars_dir:
-            raise ValueError(f"the delta_spark sink needs {JARS_ENV}=<folder of delta-spark jars>")
+            raise ValueError(
+                "the delta_spark sink needs delta-spark's jars: run scripts/bootstrap where mvn "
+                f"can fetch them, or set {JARS_ENV}=<folder of delta-spark jars>"
+            )
         jars = sorted(str(j.resolve()) for j in Path(jars_dir).glob("*.jar"))
         if not jars:
             raise ValueError(f"{jars_dir} holds no .jar file")

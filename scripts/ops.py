@@ -4,7 +4,7 @@ checked against a model of what Kafka holds (I8, I9, I11, I12).
     scripts/ops --random 40 --seed 1 --sink delta_rs
     scripts/ops --random 40 --seed 1 --tables 2
     scripts/ops --seed 60614 --tables 2 --replay 'skip(117, 61) rewind(32, 12)'
-    KAFKA_DELTA_JARS=<folder> scripts/ops --random 40 --seed 1 --sink delta_spark
+    scripts/ops --random 40 --seed 1 --sink delta_spark   # delta-spark's jars: Maven's cache
 
 Each sequence starts from two topics of records read once, then makes ``--moves`` moves drawn
 from its seed (opslib/moves.py): records produced (good and bad), a run to the end, a continuous
@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from kafka_delta_dev.connector_jars import local_folder
 from opslib.moves import moves_of, parse
 from opslib.runner import Runner, sequence
 
@@ -91,8 +92,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bootstrap-servers", help="a broker of yours (default: the embedded one)")
     parser.add_argument(
         "--delta-jars",
-        default=os.environ.get("KAFKA_DELTA_JARS"),
-        help="folder of delta-spark jars, for --sink delta_spark (default $KAFKA_DELTA_JARS)",
+        default=local_folder()[0],
+        help="folder of delta-spark jars, for --sink delta_spark (default $KAFKA_DELTA_JARS, "
+        "else the jars scripts/bootstrap fetched through Maven)",
     )
     parser.add_argument(
         "--tables",
@@ -118,8 +120,9 @@ def main(argv: list[str]) -> int:
     confs = connector_confs(args.sink, args.delta_jars)
     if confs is None:
         print(
-            "error: --sink delta_spark needs delta-spark's jars: --delta-jars FOLDER, "
-            "KAFKA_DELTA_JARS=FOLDER or KAFKA_DELTA_CONNECTORS=packages",
+            "error: --sink delta_spark needs delta-spark's jars: scripts/bootstrap (mvn fetches "
+            "them), --delta-jars FOLDER, KAFKA_DELTA_JARS=FOLDER or "
+            "KAFKA_DELTA_CONNECTORS=packages",
             file=sys.stderr,
         )
         return 2

@@ -48,7 +48,7 @@ def test_shipped_local_config_is_valid_and_resolves_paths_against_the_project_ro
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["kafka"].update(topics=[]), "kafka.topics"),
+        (lambda d: d["kafka"].update(topics=[]), "kafka.topics: lists no topic: name at least one"),
         (lambda d: d["kafka"].update(topics=["bad topic!"]), "not a valid Kafka topic name"),
         (lambda d: d["kafka"].update(topics=["a", "a"]), "more than once"),
         (lambda d: d["kafka"].pop("bootstrap_servers"), "kafka.bootstrap_servers: is required"),

@@ -213,6 +213,78 @@ def test_a_path_below_a_plain_file_stops_the_run_with_one_sentence(
     ]
 
 
+# -- a folder of somebody else's files -------------------------------------------------------
+
+
+@pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])
+@pytest.mark.parametrize("key", ["delta.table", "dead_letters.table"])
+def test_a_table_folder_holding_other_files_is_refused_before_spark_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, sink: str
+) -> None:
+    # Before: the first run created a Delta table beside the CSV (the folder silently adopted).
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "x.csv").write_text("id\n1\n")
+    config = _project_config(
+        tmp_path,
+        **{
+            key: str(folder),
+            "engine": {"source": "embedded", "sink": sink},
+            "kafka.bootstrap_servers": _nobody_listens(),
+        },
+    )
+
+    assert main(["--config", str(config)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {key} {folder} is a folder that holds other files (x.csv) and no Delta table "
+        f"(no _delta_log): point {key} at an empty or new folder, or at a Delta table; nothing "
+        "was read or written"
+    ]
+    assert sorted(p.name for p in folder.iterdir()) == ["x.csv"]
+
+
+def test_an_empty_folder_and_a_crashed_first_batch_are_not_refused(tmp_path: Path) -> None:
+    from kafka_delta.config import load_config
+    from kafka_delta.runtime.preflight import check_paths
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    crashed = tmp_path / "crashed"  # a first batch's data files and side folder, no commit
+    (crashed / "_kafka_delta" / "p").mkdir(parents=True)
+    (crashed / "part-00000-1b2c-c000.snappy.parquet").write_bytes(b"PAR1")
+    (crashed / ".part-00000-1b2c-c000.snappy.parquet.crc").write_bytes(b"")
+    (crashed / "day=2026-11-28").mkdir()
+    for folder in (empty, crashed, tmp_path / "missing"):
+        check_paths(load_config(_project_config(tmp_path, **{"delta.table": str(folder)})))
+
+
+def test_a_bucket_folder_holding_other_objects_is_refused(tmp_path: Path, object_store) -> None:
+    import urllib.request
+
+    from kafka_delta.config import load_config
+    from kafka_delta.runtime.preflight import PreflightError, check_paths
+
+    bucket = object_store.create_bucket(f"b{os.getpid()}{time.time_ns() % 10**9}")
+    location = f"{bucket}/exports"
+
+    def put(key: str, body: bytes) -> None:  # moto's S3 API takes an unsigned request
+        url = f"{object_store.endpoint}/{bucket.removeprefix('s3://')}/{key}"
+        urllib.request.urlopen(urllib.request.Request(url, body, method="PUT"), timeout=10)
+
+    put("exports/x.csv", b"id\n1\n")
+    config = load_config(
+        _project_config(
+            tmp_path,
+            **{"delta.table": location, "delta.storage_options": object_store.storage_options()},
+        )
+    )
+
+    with pytest.raises(PreflightError, match=r"holds other files \(x\.csv\)"):
+        check_paths(config)
+    put("exports/_delta_log/00000000000000000000.json", b"{}")
+    check_paths(config)  # a Delta table's folder
+
+
 # -- resume, progress and replay lines --------------------------------------------------------
 
 BAD = [b"not json", b'{"id": "seven"}', None]

@@ -20,9 +20,11 @@ def default_batch_size(records: int) -> int:
 
 
 def default_delta_jars() -> str | None:
-    """$KAFKA_DELTA_JARS (as the engine's pytest plugin reads it); None: rows 6 and 7 report
-    that they have no jars."""
-    return os.environ.get(JARS_ENV) or None
+    """$KAFKA_DELTA_JARS, else the jars scripts/bootstrap fetched through Maven (as the engine's
+    pytest plugin finds them); None: rows 6 and 7 report that they have no jars."""
+    from kafka_delta_dev.connector_jars import local_folder
+
+    return local_folder()[0]
 
 
 def _int_list(text: str) -> list[int]:
@@ -61,7 +63,8 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     parser.add_argument(
         "--delta-jars",
         default=default_delta_jars(),
-        help=f"folder of delta-spark jars for rows 6 and 7 (default ${JARS_ENV})",
+        help=f"folder of delta-spark jars for rows 6 and 7 (default ${JARS_ENV}, else the jars "
+        "scripts/bootstrap fetched through Maven)",
     )
     sweep = parser.add_argument_group("sweep (batch fixed cost and marginal cost per record)")
     sweep.add_argument(

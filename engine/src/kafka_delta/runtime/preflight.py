@@ -1,8 +1,9 @@
 """Checks the entry point runs before Spark starts, each failing with one sentence.
 
 Without them the same mistakes surface late and unreadably: a bootstrap address nobody listens
-on gave ~1,300 librdkafka lines over 44 s before the real message, and a table path that is a
-plain file gave delta-rs's "Path does not exist".
+on gave ~1,300 librdkafka lines over 44 s before the real message, a table path that is a
+plain file gave delta-rs's "Path does not exist", and a table path that is a folder of other
+files (an ``x.csv``) was silently adopted: the first run created a Delta table beside them.
 """
 
 from __future__ import annotations
@@ -56,20 +57,74 @@ def check_spark_connect(remote: str | None) -> None:
 
 def check_paths(config: PipelineConfig) -> None:
     """A local table, dead-letter table or checkpoint path must be a folder or creatable as one
-    (remote URIs are left to their storage)."""
-    paths = []
+    (remote URIs are left to their storage); a table's folder must not hold another's files."""
+    paths: list[tuple[str, str, dict[str, str] | None]] = []
     for view in config.table_configs():  # each table of `tables:`, else the one table
         where = "" if view.table_name is None else f"tables.{view.table_name}."
-        paths.append((f"{where}delta.table" if not where else f"{where}path", view.delta.table))
+        options = view.delta.storage_options
+        key = f"{where}delta.table" if not where else f"{where}path"
+        paths.append((key, view.delta.table, options))
         if view.dead_letter_table is not None:
-            paths.append((f"{where}dead_letters.table", view.dead_letter_table))
-    paths.append(("checkpoint", config.checkpoint))
-    for key, location in paths:
+            paths.append((f"{where}dead_letters.table", view.dead_letter_table, options))
+    paths.append(("checkpoint", config.checkpoint, None))
+    for key, location, options in paths:
         if is_table_name(location):  # a catalog table, no folder of this machine's
             continue
         path = local_path(location)
         if path is not None:
             _check_folder(key, location, path)
+        if options is not None:  # a table, not the checkpoint
+            _refuse_a_foreign_folder(key, location, options)
+
+
+# What a table's folder may hold besides its log before its first commit: the engine's side
+# folder and a crashed first batch's data files (Spark's and the delta-rs sink's writers both
+# name them part-*.parquet; hidden .crc files, _-prefixed folders and key=value partition
+# folders come with them). Anything else is somebody else's data.
+def _ours(name: str) -> bool:
+    return name.startswith((".", "_", "part-")) or "=" in name
+
+
+def _refuse_a_foreign_folder(
+    key: str, location: str, storage_options: dict[str, str] | None
+) -> None:
+    """A table location that is a folder holding other files but no Delta table (no
+    ``_delta_log``) is refused: the first run would create a table beside them, adopting a
+    folder that is not the pipeline's. An empty folder, a missing one and a Delta table pass.
+    Local folders and S3 buckets are listed (with the table's storage options); a location
+    that cannot be listed here is left to the storage (the sink finds it at its first write)."""
+    names = _listing(location, storage_options)
+    if not names or "_delta_log" in names:
+        return
+    foreign = sorted(n for n in names if not _ours(n))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise PreflightError(
+            f"{key} {location} is a folder that holds other files ({shown}) and no Delta table "
+            f"(no _delta_log): point {key} at an empty or new folder, or at a Delta table; "
+            "nothing was read or written"
+        )
+
+
+def _listing(location: str, storage_options: dict[str, str] | None) -> list[str]:
+    """The names directly under ``location``; [] when it does not exist or cannot be listed."""
+    path = local_path(location)
+    if path is not None:
+        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if location.partition("://")[0].lower() not in ("s3", "s3a"):
+        return []
+    import pyarrow.fs as pafs
+
+    from kafka_delta.delta.side_folder import open_side
+
+    try:
+        filesystem, root = open_side(location, storage_options)
+        infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except Exception:  # no credentials here, a network hiccup: the sink will tell
+        return []
+    return sorted(info.base_name for info in infos)
 
 
 def _check_folder(key: str, location: str, path: Path) -> None:
