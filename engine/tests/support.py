@@ -88,6 +88,14 @@ def run_until_crash(cfg: PipelineConfig, folder: Path, point: str, after: int = 
 
     import yaml
 
+    from kafka_delta_dev.pytest_plugin import connector_conf
+
+    # The project's process starts a Spark of its own: the connector jars the engine needs go
+    # on it as a run's config would put them (spark.conf), not only on the test session's.
+    jars = connector_conf(cfg.engine.source, cfg.engine.sink)
+    if jars:
+        spark = cfg.spark.model_copy(update={"conf": {**cfg.spark.conf, **jars}})
+        cfg = cfg.model_copy(update={"spark": spark})
     config = folder / "conf" / "crash.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")

@@ -26,6 +26,7 @@ import argparse
 import csv
 import datetime
 import getpass
+import logging
 import os
 import re
 import socket
@@ -65,6 +66,8 @@ from kafka_delta.offsets.model import (
 from kafka_delta.offsets.stored import OffsetsExpiredError
 from kafka_delta.recovery.checkpoint import CheckpointLog
 from kafka_delta.recovery.lease import LeaseUnavailableError, active_leases_of
+
+log = logging.getLogger(__name__)
 
 
 def _offsets(items: Iterable[tuple[str, int, int | None]]) -> Offsets:
@@ -467,7 +470,7 @@ def commit_reset(
         tables=_tables_named(plan.stored, config.pipeline_id),
     ).on_top_of(plan.stored)
     if isinstance(table, SparkCommandTable):
-        _commit_with_spark(table, commit)
+        _commit_with_spark(table, commit, config)
         return commit
     from deltalake import CommitProperties, Transaction, write_deltalake
     from deltalake.exceptions import CommitFailedError
@@ -494,7 +497,9 @@ def commit_reset(
     return commit
 
 
-def _commit_with_spark(table: SparkCommandTable, commit: BatchCommit) -> None:
+def _commit_with_spark(
+    table: SparkCommandTable, commit: BatchCommit, config: PipelineConfig
+) -> None:
     """The reset on a delta-spark table, through delta-spark's own writer (its commitInfo names
     delta-spark: ``engineInfo`` ``Apache-Spark/... Delta-Lake/...``): an empty append carrying
     the fence txn (``txnAppId``/``txnVersion``) and the record (``userMetadata``), as the sink's
@@ -503,8 +508,12 @@ def _commit_with_spark(table: SparkCommandTable, commit: BatchCommit) -> None:
     is skipped). It takes the pipeline's next fence seq, so it and a pipeline batch on the same
     stored offsets cannot both land: the loser is rejected (``ConcurrentTransactionException``)
     or skipped by delta-spark (its seq is no longer above the stored one), which the read-back
-    tells; either way the reset says so and writes nothing more."""
-    from kafka_delta.sinks.delta_spark.sink import append_options
+    tells; either way the reset says so and writes nothing more. Once read back as the
+    pipeline's newest commit, it is copied beside the checkpoint as the sink copies each batch's
+    commit (:mod:`kafka_delta.sinks.delta_spark.commit_copies`): after log cleanup the copy is
+    what still names the offsets the reset skipped to."""
+    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
+    from kafka_delta.sinks.delta_spark.sink import append_options, lost_race
     from kafka_delta.sinks.delta_spark.table import TableAccessError
 
     frame = table.table.frame().limit(0)
@@ -514,7 +523,7 @@ def _commit_with_spark(table: SparkCommandTable, commit: BatchCommit) -> None:
     except TableAccessError as exc:
         raise CommandError(str(exc)) from None
     except Exception as exc:
-        if "Concurrent" not in str(exc) and "CONCURRENT" not in str(exc):
+        if not lost_race(exc):
             raise
         raise CommandError(
             f"the table changed while resetting (another commit landed first: "
@@ -528,6 +537,13 @@ def _commit_with_spark(table: SparkCommandTable, commit: BatchCommit) -> None:
             f"{commit.seq} first); nothing was written. Check `offsets show` and run the reset "
             "again."
         )
+    copies = CommitCopies(
+        config.delta.table, config.checkpoint, config.pipeline_id, config.delta.storage_options
+    )
+    try:
+        copies.write(commit.seq, commit.user_metadata(), newest.version)
+    except Exception as exc:  # a hint: the next start writes it from the log while it is there
+        log.warning("cannot keep the copy of the reset's commit %d: %s", commit.seq, exc)
 
 
 def _render(config: PipelineConfig, plan: Plan) -> str:
