@@ -20,9 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kafka_delta.decoding.failures import reported
 from kafka_delta.kafka.admin import KafkaUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,21 @@ FIRST_WAIT_S, LONGEST_WAIT_S = 1.0, 30.0
 def kafka_down(exc: BaseException) -> str | None:
     """The sentence of a ``KafkaUnavailableError`` that ``exc`` is or reports, else None."""
     return reported(exc, KafkaUnavailableError.__name__)
+
+
+def got_through_a_trigger(query: StreamingQuery | None) -> bool | None:
+    """Whether ``query`` (one start of the stream, now ended) got through a trigger, which ends
+    an outage as a batch does: Spark reports the progress of every trigger that ran a batch,
+    and of an idle one every ``spark.sql.streaming.noDataProgressEventInterval`` (the first at
+    once), so a quiet topic's query reports some. A query started into an outage reports none:
+    its first trigger waits on Kafka. False for a start that failed before the query ran; None
+    when Spark cannot say (then the run goes by the time the query ran)."""
+    if query is None:
+        return False
+    try:
+        return bool(query.recentProgress)
+    except Exception:  # a Connect server that no longer knows the query
+        return None
 
 
 class KafkaOutage:
