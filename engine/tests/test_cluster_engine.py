@@ -72,6 +72,9 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
         "maxOffsetsPerTrigger": "1000",
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "PLAIN",
+        "kafka.request.timeout.ms": "10000",
+        "kafka.default.api.timeout.ms": "10000",
+        "kafkaConsumer.pollTimeoutMs": "120000",
     }
     assert (
         spark_kafka_options(_kafka(max_records_per_trigger=None), "latest", 1)["failOnDataLoss"]
@@ -80,6 +83,26 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
     assert "maxOffsetsPerTrigger" not in spark_kafka_options(
         _kafka(max_records_per_trigger=None), "latest", 1
     )
+
+
+def test_the_java_clients_timeouts_notice_an_outage_in_seconds_and_config_can_lift_them() -> None:
+    """Kafka's 30 s request and 60 s call timeouts, tried 3 times by Spark's offset lookups,
+    let a run notice an outage only after 3 minutes (test_kafka_outage.py proves the run with
+    the short ones against a paused broker). Spark's retries stay (fewer would turn a latest
+    offset that went backwards into a data-loss verdict); the read task polls as long as
+    kafka.poll_timeout_seconds, as the embedded source's does; the client refuses a call
+    timeout below the request timeout, so one lifted in jvm_client lifts the other."""
+    options = spark_kafka_options(_kafka(poll_timeout_seconds=30), "earliest", 1)
+    assert options["kafka.request.timeout.ms"] == "10000"
+    assert options["kafka.default.api.timeout.ms"] == "10000"
+    assert options["kafkaConsumer.pollTimeoutMs"] == "30000"
+    assert not [k for k in options if k.startswith("fetchOffset.")]
+
+    lifted = spark_kafka_options(_kafka(jvm_client={"request.timeout.ms": 40000}), "earliest", 1)
+    assert lifted["kafka.request.timeout.ms"] == "40000"
+    assert lifted["kafka.default.api.timeout.ms"] == "40000"
+    own = _kafka(jvm_client={"default.api.timeout.ms": "90000"})
+    assert spark_kafka_options(own, "earliest", 1)["kafka.default.api.timeout.ms"] == "90000"
 
 
 def test_sparks_kafka_source_reads_only_committed_transactions_unless_overridden() -> None:

@@ -39,7 +39,7 @@ from kafka_delta.engine import Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
-from kafka_delta.kafka.outage import KafkaOutage, kafka_down
+from kafka_delta.kafka.outage import KafkaOutage, got_through_a_trigger, kafka_down
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from kafka_delta.offsets.topic_identity import recreated_while_running
 from kafka_delta.progress.batch import BatchProgress, ProgressListener
@@ -1000,17 +1000,25 @@ class Pipeline:
         outage = KafkaOutage(kafka.bootstrap_servers, kafka.unavailable_timeout_seconds)
         try:
             while True:
-                began = time.monotonic()
+                began, query = time.monotonic(), None
                 try:
-                    self._run_query(self.start())
+                    query = self.start()
+                    self._run_query(query)
                     return self.summary
                 except Exception as exc:
-                    # Batches went through since the last outage, or the query ran for longer
-                    # than an outage is waited for (a quiet topic has no batch): a new outage
-                    # gets every wait.
+                    # Batches went through since the last outage, or the query got through a
+                    # trigger (a quiet topic has no batch): a new outage gets every wait. Not
+                    # the time an attempt took: one that waits out the clients' own timeouts
+                    # (30 s for a metadata request, a read task's poll) longer than
+                    # kafka.unavailable_timeout_seconds would start the outage over forever.
+                    progressed = got_through_a_trigger(query)
                     if (
                         self.summary.batches > committed
-                        or time.monotonic() - began > kafka.unavailable_timeout_seconds
+                        or progressed
+                        or (
+                            progressed is None
+                            and time.monotonic() - began > kafka.unavailable_timeout_seconds
+                        )
                     ):
                         registry_waits, committed = iter(backoff), self.summary.batches
                         outage = KafkaOutage(

@@ -7,6 +7,17 @@ the driver by itself or inside the text of Spark's ``StreamingQueryException``. 
 batch in flight is committed then: the Delta commit comes after its records were read, and
 the commit-back hook only ever copies what a commit holds.
 
+Spark's kafka source (the cluster engine) reads with the Java Kafka client, which raises no
+``KafkaUnavailableError``: when the brokers stop answering, its calls end in Kafka's
+``org.apache.kafka.common.errors.TimeoutException`` (the driver's offset lookups, "Timed out
+waiting for a node assignment. Call: listNodes"; a read task's "Timeout of 10000ms expired
+before the position for partition t-0 could be determined"), or Spark's own
+``java.util.concurrent.TimeoutException: Cannot fetch record for offset ...`` (a read task's
+poll that got nothing), which reach the driver in the text of the ``StreamingQueryException``
+or Py4J error that ends the query. :func:`kafka_down` takes them for the same outage. Spark's
+verdict that records are gone (``KAFKA_DATA_LOSS``, ``failOnDataLoss``) never is one, whatever
+it carries: waiting would not bring them back, and I5 wants it said.
+
 So the retry lives in one place, the run: the query that failed starts again from its
 checkpoint after 1, 2, 4 ... 30 s, and Spark runs the planned batch again, exactly once (the
 Delta commit is idempotent). Not in the read task: Spark retries a task only
@@ -18,20 +29,76 @@ outage lasted ``kafka.unavailable_timeout_seconds``, counted from its first fail
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kafka_delta.decoding.failures import reported
 from kafka_delta.kafka.admin import KafkaUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
 
 FIRST_WAIT_S, LONGEST_WAIT_S = 1.0, 30.0
 
 
+# The Java Kafka client's failures when no broker answers in time, as Spark's kafka source
+# hands them on: Kafka's TimeoutException (any call: metadata, offsets, positions, fetches;
+# the client retries transport errors until its timeout ends in this one), and the read task's
+# poll that got nothing (Spark's KafkaDataConsumer.fetch). The message ends at the line's end,
+# or where Spark appends the SQL state to it.
+_JVM_OUTAGE = re.compile(
+    r"(org\.apache\.kafka\.common\.errors\.TimeoutException: [^\n]*?"
+    r"|java\.util\.concurrent\.TimeoutException: Cannot fetch record for offset [^\n]*?)"
+    r"(?: SQLSTATE: \w+)?\s*(?:\n|$)"
+)
+# Spark's kafka source saying records are gone (its error class, and the option its message
+# names): a decision of failOnDataLoss, never an outage.
+_DATA_LOSS = ("KAFKA_DATA_LOSS", "failOnDataLoss")
+
+
 def kafka_down(exc: BaseException) -> str | None:
-    """The sentence of a ``KafkaUnavailableError`` that ``exc`` is or reports, else None."""
-    return reported(exc, KafkaUnavailableError.__name__)
+    """Why Kafka is unavailable when ``exc`` says so, else None: the sentence of a
+    ``KafkaUnavailableError`` that ``exc`` is or reports, or the Java Kafka client's timeout
+    that Spark's kafka source failed with (in the text of a ``StreamingQueryException`` or a
+    Py4J error), unless Spark says records were lost.
+
+    >>> print(kafka_down(RuntimeError(
+    ...     "[STREAM_FAILED] Query [id = 1] terminated with exception: org.apache.kafka."
+    ...     "common.errors.TimeoutException: Call: listNodes SQLSTATE: XXKST\\n=== ...")))
+    Spark's kafka source: org.apache.kafka.common.errors.TimeoutException: Call: listNodes
+    """
+    sentence = reported(exc, KafkaUnavailableError.__name__)
+    if sentence is not None:
+        return sentence
+    return jvm_client_timeout(str(exc))
+
+
+def jvm_client_timeout(text: str) -> str | None:
+    """The first timeout of the Java Kafka client that ``text`` (a failure's text) reports, as
+    one line; None when there is none, or when Spark reports lost records in it."""
+    if any(marker in text for marker in _DATA_LOSS):
+        return None
+    found = _JVM_OUTAGE.search(text)
+    return None if found is None else f"Spark's kafka source: {found.group(1).strip()}"
+
+
+def got_through_a_trigger(query: StreamingQuery | None) -> bool | None:
+    """Whether ``query`` (one start of the stream, now ended) got through a trigger, which ends
+    an outage as a batch does: Spark reports the progress of every trigger that ran a batch,
+    and of an idle one every ``spark.sql.streaming.noDataProgressEventInterval`` (the first at
+    once), so a quiet topic's query reports some. A query started into an outage reports none:
+    its first trigger waits on Kafka. False for a start that failed before the query ran; None
+    when Spark cannot say (then the run goes by the time the query ran)."""
+    if query is None:
+        return False
+    try:
+        return bool(query.recentProgress)
+    except Exception:  # a Connect server that no longer knows the query
+        return None
 
 
 class KafkaOutage:

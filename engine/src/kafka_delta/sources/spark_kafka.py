@@ -58,6 +58,35 @@ def starting_offsets(
     )
 
 
+# How long the Java client waits for one request, and for one call (the driver's metadata and
+# offset lookups, a read task's position lookups): Kafka's defaults are 30 s and 60 s, and
+# Spark's source tries each lookup 3 times (``fetchOffset.numRetries``), so a run noticed an
+# outage 3 minutes after it began. A run rides an outage out from its checkpoint
+# (kafka_delta.kafka.outage), so noticing it in about 30 s costs nothing: a request that times
+# out fails the attempt, never a record (a position Kafka did not give is never guessed).
+# Spark's retries stay as they are: they also ask again for a latest offset that went
+# backwards (KAFKA-7703), and with fewer of them such an answer would reach Spark's data-loss
+# check (failOnDataLoss). ``kafka.jvm_client`` overrides either timeout.
+JVM_REQUEST_TIMEOUT_MS = 10_000
+JVM_API_TIMEOUT_MS = 10_000
+
+
+def jvm_timeouts(kafka: KafkaConfig) -> dict[str, str]:
+    """The Java client's timeouts and the read task's poll timeout, as options of Spark's
+    ``kafka`` format: short enough that an outage ends an attempt in seconds, and the poll
+    as long as ``kafka.poll_timeout_seconds``, as the embedded source's read task waits.
+
+    The client refuses a ``default.api.timeout.ms`` below ``request.timeout.ms``: one set in
+    ``jvm_client`` lifts the other.
+    """
+    request = int(float(kafka.jvm_client.get("request.timeout.ms", JVM_REQUEST_TIMEOUT_MS)))
+    return {
+        "kafka.request.timeout.ms": str(request),
+        "kafka.default.api.timeout.ms": str(max(JVM_API_TIMEOUT_MS, request)),
+        "kafkaConsumer.pollTimeoutMs": str(int(kafka.poll_timeout_seconds * 1000)),
+    }
+
+
 def spark_kafka_options(
     kafka: KafkaConfig, starting: str | Mapping[str, Mapping[str, int]], min_partitions: int
 ) -> dict[str, str]:
@@ -67,6 +96,7 @@ def spark_kafka_options(
         # does: the Java client's default (read_uncommitted) reads aborted and open
         # transactions, so a producer that aborts and retries would land twice.
         "kafka.isolation.level": "read_committed",
+        **jvm_timeouts(kafka),
         **kafka.jvm_client_options(),
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "subscribe": ",".join(kafka.topics),
