@@ -285,6 +285,18 @@ def test_the_java_clients_timeouts_are_an_outage_and_sparks_data_loss_verdict_is
     )
 
 
+def test_a_run_that_ends_on_the_java_clients_timeout_exits_4_in_one_sentence(capsys) -> None:
+    """A run of Spark's kafka source stopped while it waited an outage out ends on the Java
+    client's timeout, with no exception of the engine's to name it: the same exit 4 and one
+    sentence as the embedded source's outage (exit 1 and a trace before)."""
+    from kafka_delta.cli import EXIT_UNAVAILABLE, _failed
+
+    assert _failed("p", RuntimeError(PLANNING_TIMED_OUT)) == EXIT_UNAVAILABLE
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: Kafka did not answer (Spark's kafka source: org.apache.kafka.")
+    assert line.endswith("start again once the brokers are back")
+
+
 @pytest.fixture
 def cluster_engine(spark) -> dict[str, str]:
     """Spark's kafka source and delta-spark, skipped (with the reason) without their jars."""

@@ -208,6 +208,19 @@ def _failed(pipeline_id: str, exc: BaseException, transform: str | None = None) 
         if sentence is not None:
             print(f"error: {sentence}", file=sys.stderr)
             return code
+    from kafka_delta.kafka.outage import kafka_down
+
+    # Spark's kafka source reports an outage as the Java client's timeout, with no exception of
+    # ours to name it: a run that ends on one (a stop requested while it waited the outage out)
+    # is the same expected outcome as the embedded source's KafkaUnavailableError.
+    down = kafka_down(exc)
+    if down is not None:
+        print(
+            f"error: Kafka did not answer ({down}); nothing of the batch in flight was "
+            "committed: start again once the brokers are back",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
     log.error(
         "pipeline %s failed: %s (--log-level DEBUG shows the whole failure)",
         pipeline_id,
