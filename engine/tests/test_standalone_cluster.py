@@ -41,6 +41,7 @@ import yaml
 from deltalake import DeltaTable
 
 from kafka_delta.config import load_config
+from kafka_delta_dev.children import die_with_parent
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR, connector_skip_reason
 from support import PROJECT, REPO, assert_exactly_once, assert_offsets_agree
@@ -185,6 +186,7 @@ def _submit(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent,  # a test session killed hard stops its run too
     )
 
 
@@ -225,55 +227,6 @@ def _apps(spark_cluster, name_part: str) -> list[dict]:
     return [a for a in spark_cluster.applications() if name_part in a.get("name", "")]
 
 
-# -- the master and the executors' Python ------------------------------------------------------
-
-PROBE = """
-import json, sys
-from kafka_delta.config import PipelineConfig
-from kafka_delta.runtime.spark_session import build_spark
-
-spark = build_spark(PipelineConfig.model_validate(json.loads(sys.argv[1])))
-print(json.dumps({"master": spark.sparkContext.master, "python": spark.sparkContext.pythonExec}))
-spark.stop()
-"""
-
-
-def test_a_session_submitted_to_the_cluster_runs_there_with_the_python_the_submitter_named(
-    spark_cluster, tmp_path: Path
-) -> None:
-    """The config says local[2]; spark-submit says the cluster, and the executors' Python is
-    the one the submitter named, even where it is this interpreter's own path: never this
-    machine's launcher (a file in its cache, which no other node has)."""
-    settings = {
-        "pipeline_id": f"probe-{uuid.uuid4().hex[:8]}",
-        "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["t"], "consumer_group": "g"},
-        "delta": {"table": str(tmp_path / "table")},
-        "checkpoint": str(tmp_path / "checkpoint"),
-        "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}},
-    }
-    script = tmp_path / "probe.py"
-    script.write_text(PROBE)
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "spark-submit"),
-            "--master",
-            spark_cluster.master_url,
-            "--conf",
-            f"spark.pyspark.python={sys.executable}",
-            str(script),
-            json.dumps(settings),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(REPO / "engine" / "src")),
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen == {"master": spark_cluster.master_url, "python": sys.executable}
-    assert _apps(spark_cluster, settings["pipeline_id"]), spark_cluster.applications()
-
-
 # -- the contract on the cluster ---------------------------------------------------------------
 
 
@@ -287,15 +240,21 @@ def test_on_the_cluster_records_land_exactly_once_through_a_crash_past_the_delta
     engine: str,
     tmp_path: Path,
 ) -> None:
-    """Both engines, submitted with scripts/submit.sh: the UDF transform runs on executors that
-    import the user's package only from the shipped wheel; a driver killed after a batch's Delta
-    commit (before Spark's) replays that batch as a no-op on restart; dead letters land once;
-    the consumer group holds the stored offsets (lag 0)."""
+    """Both engines, submitted with scripts/submit.sh: the run goes to the cluster's master
+    (the config says local[2]); the UDF transform runs on executors that import the user's
+    package only from the shipped wheel (on the embedded engine, the engine too); a driver
+    killed after a batch's Delta commit (before Spark's) replays that batch as a no-op on
+    restart; dead letters land once; the consumer group holds the stored offsets (lag 0)."""
     extra: dict[str, str] = {}
+    python = nodes_python
     if engine == "cluster":
         if not JARS_DIR or not any(Path(JARS_DIR).glob("spark-sql-kafka*.jar")):
             pytest.skip(connector_skip_reason(["delta-spark", "spark-sql-kafka"]))
         extra["KAFKA_DELTA_JARS"] = JARS_DIR
+        # The nodes' Python at this interpreter's own path (as on nodes of one image): it must
+        # reach the executors as named, never as this machine's launcher of it (a file in this
+        # machine's cache). It has the engine (a .pth of this checkout), not the project.
+        python = sys.executable
     topics = new_topics(2, partitions=2)
     produce_events(kafka_bootstrap, topics, 3000)
     bad = _bad_values(kafka_bootstrap, topics[0], 2, engine, 6)
@@ -305,7 +264,7 @@ def test_on_the_cluster_records_land_exactly_once_through_a_crash_past_the_delta
     crashed = _submit(
         project,
         spark_cluster.master_url,
-        nodes_python,
+        python,
         config,
         env=_env(KAFKA_DELTA_CRASH_AT="after_delta_commit", KAFKA_DELTA_CRASH_AFTER="1", **extra),
     )
@@ -314,9 +273,11 @@ def test_on_the_cluster_records_land_exactly_once_through_a_crash_past_the_delta
     assert "done:" not in out, out[-4000:]
     version = DeltaTable(cfg.delta.table).version()
 
-    rerun = _submit(project, spark_cluster.master_url, nodes_python, config, env=_env(**extra))
+    rerun = _submit(project, spark_cluster.master_url, python, config, env=_env(**extra))
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-4000:]
+    # The submitter's master, though the config says local[2], and the Python it named.
+    assert f"spark: master {spark_cluster.master_url}, executors' Python {python}\n" in out
     done = re.search(r"done: batches=(\d+) replayed=(\d+) rows=(\d+)", out)
     assert done and done.group(2) == "1", out[-4000:]  # the killed batch: a replay, no write
     assert DeltaTable(cfg.delta.table).history(1)[0]["version"] > version
@@ -345,8 +306,8 @@ class Producer:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                produce_events(self.bootstrap, self.topics, 1500, first_id=self.produced)
-                self.produced += 1500
+                produce_events(self.bootstrap, self.topics, 400, first_id=self.produced)
+                self.produced += 400
                 tag = f"{len(self.bad)}"
                 self.bad += _bad_values(self.bootstrap, self.topics[0], self.partitions, tag, 1)
                 self._stop.wait(1.0)
@@ -376,6 +337,40 @@ def _wait(condition, run: subprocess.Popen[str], log: Path, what: str, timeout: 
             return
         time.sleep(0.2)
     raise AssertionError(f"no {what} within {timeout:.0f}s:\n{log.read_text()[-4000:]}")
+
+
+def _kill_mid_task(cluster, rng: random.Random, timeout: float = 120) -> int | None:
+    """SIGKILL an executor while it runs a task that has run a moment already (reading,
+    decoding, transforming): its pid, or None when none ran one in ``timeout``. The other
+    executor, or the one its worker starts in its place, runs the task again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(cluster.running_tasks().values()):
+            time.sleep(rng.uniform(0.2, 0.8))
+            busy = [pid for pid, tasks in cluster.running_tasks().items() if tasks]
+            if busy:
+                victim = rng.choice(busy)
+                os.kill(victim, signal.SIGKILL)
+                return victim
+        time.sleep(0.05)
+    return None
+
+
+def _kill_as_a_file_appears(cluster, table: Path, timeout: float = 120) -> list[int]:
+    """SIGKILL the executors running a task the moment a new data file appears in the table's
+    folder (a task writing its Parquet file, its result not yet the driver's): their pids."""
+    known = {p.name for p in table.glob("*.parquet")}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if {p.name for p in table.glob("*.parquet")} - known:
+            busy = [pid for pid, tasks in cluster.running_tasks().items() if tasks]
+            for pid in busy:
+                os.kill(pid, signal.SIGKILL)
+            if busy:
+                return busy
+            known = {p.name for p in table.glob("*.parquet")}
+        time.sleep(0.002)
+    return []
 
 
 def _orphans(table: Path) -> set[str]:
@@ -408,6 +403,7 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     topics = new_topics(2, partitions=2)
     config = _config(tmp_path, kafka_bootstrap, topics, "embedded", max_records_per_trigger=3000)
     cfg = load_config(config)
+    table = Path(cfg.delta.table)
     producer = Producer(kafka_bootstrap, topics, 2).start()
     log = tmp_path / "run.log"
     run = _submit(
@@ -423,13 +419,22 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     kills: list[int] = []
     try:
         _wait(lambda: len(_batches(log)) >= 1, run, log, "a first batch")
-        while len(kills) < 6:
+        while len(kills) < 5:
             seen = len(_batches(log))
-            # Into the next batch, both executors up (one dies, the other takes its tasks).
+            killed = _kill_mid_task(spark_cluster, rng)
+            assert killed is not None, f"no task ran: {log.read_text()[-4000:]}"
+            kills.append(killed)
+            # The next kill in a later batch: the lost tasks ran again and the batch committed.
             _wait(lambda n=seen: len(_batches(log)) > n, run, log, "the next batch")
-            _wait(lambda: len(spark_cluster.executor_pids()) == 2, run, log, "two executors")
-            time.sleep(rng.uniform(0.3, 1.2))
-            kills += spark_cluster.kill_executors(worker=len(kills) % 2)
+        # A task writes its Parquet file at its end (it opens one per 128k rows): the kills
+        # above hit tasks still reading. Now executors die as a task's file appears, until a
+        # dead attempt's file is left behind.
+        for _ in range(8):
+            if _orphans(table):
+                break
+            seen = len(_batches(log))
+            kills += _kill_as_a_file_appears(spark_cluster, table)
+            _wait(lambda n=seen: len(_batches(log)) > n, run, log, "the next batch")
         seen = len(_batches(log))
         spark_cluster.kill_worker(1)
         _wait(lambda: len(_batches(log)) >= seen + 2, run, log, "two batches on one worker")
@@ -455,7 +460,6 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     _assert_udf_ran(config)
     assert_offsets_agree(cfg)  # lag 0
 
-    table = Path(cfg.delta.table)
     orphans = _orphans(table)
     print(
         f"cluster kills: {len(kills)} executors SIGKILLed, {len(lost)} tasks lost, "

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,9 @@ from typing import Any
 from kafka_delta_dev.children import HOST, die_with_parent, free_port
 
 READY_TIMEOUT_S = 120.0
+# An executor's log lines (Spark's Executor class, at INFO: its default) of a task's start and end.
+_RUNNING = re.compile(r"Executor: Running task \S+ in stage \S+ \(TID (\d+)\)")
+_FINISHED = re.compile(r"Executor: Finished task \S+ in stage \S+ \(TID (\d+)\)")
 # Variables of the starting process that must not reach the executors (see the docstring).
 _NOT_INHERITED = (
     "PYTHONPATH",
@@ -293,6 +297,20 @@ class StandaloneCluster:
             if any("CoarseGrainedExecutorBackend" in part for part in _cmdline(int(entry.name))):
                 found.append(int(entry.name))
         return sorted(found)
+
+    def running_tasks(self, worker: int | None = None) -> dict[int, set[int]]:
+        """The tasks each live executor (by pid) runs now, by task id: the ``Running task ...
+        (TID n)`` lines of its log (its ``stderr`` in its working folder) that no ``Finished
+        task ... (TID n)`` line has closed. A kill while this is non-empty is a kill mid-task."""
+        running: dict[int, set[int]] = {}
+        for pid in self.executor_pids(worker):
+            try:
+                log = (Path(os.readlink(f"/proc/{pid}/cwd")) / "stderr").read_text(errors="replace")
+            except OSError:
+                continue
+            started = set(map(int, _RUNNING.findall(log)))
+            running[pid] = started - set(map(int, _FINISHED.findall(log)))
+        return running
 
     def kill_executors(self, worker: int | None = None) -> list[int]:
         """SIGKILL the executors running now (of ``worker``, or all): returns their pids."""

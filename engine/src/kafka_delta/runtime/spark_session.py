@@ -115,7 +115,11 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     spark = builder.getOrCreate()
     use_readable_parquet(spark, config.spark.conf)
     if not is_connect(spark):  # a Connect session (the platform's) has no SparkContext
-        spark.sparkContext.setLogLevel("WARN")
+        context = spark.sparkContext
+        context.setLogLevel("WARN")
+        # Where the run goes: the master (the submitter's, else the config's) and the Python
+        # the executors start, which a cluster's nodes must have.
+        log.info("spark: master %s, executors' Python %s", context.master, context.pythonExec)
     return spark
 
 
