@@ -44,7 +44,13 @@ from kafka_delta.config import load_config
 from kafka_delta_dev.children import die_with_parent
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR, connector_skip_reason
-from support import PROJECT, REPO, assert_exactly_once, assert_offsets_agree
+from support import (
+    PROJECT,
+    REPO,
+    assert_exactly_once,
+    assert_offsets_agree,
+    forget_last_spark_commit,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -230,31 +236,23 @@ def _apps(spark_cluster, name_part: str) -> list[dict]:
 # -- the contract on the cluster ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["embedded", "cluster"])
-def test_on_the_cluster_records_land_exactly_once_through_a_crash_past_the_delta_commit(
-    spark_cluster,
-    kafka_bootstrap,
-    new_topics,
-    nodes_python: str,
-    project: Path,
-    engine: str,
-    tmp_path: Path,
+def test_the_cluster_engine_on_the_cluster_lands_records_exactly_once_through_a_crash(
+    spark_cluster, kafka_bootstrap, new_topics, project: Path, tmp_path: Path
 ) -> None:
-    """Both engines, submitted with scripts/submit.sh: the run goes to the cluster's master
-    (the config says local[2]); the UDF transform runs on executors that import the user's
-    package only from the shipped wheel (on the embedded engine, the engine too); a driver
-    killed after a batch's Delta commit (before Spark's) replays that batch as a no-op on
-    restart; dead letters land once; the consumer group holds the stored offsets (lag 0)."""
-    extra: dict[str, str] = {}
-    python = nodes_python
-    if engine == "cluster":
-        if not JARS_DIR or not any(Path(JARS_DIR).glob("spark-sql-kafka*.jar")):
-            pytest.skip(connector_skip_reason(["delta-spark", "spark-sql-kafka"]))
-        extra["KAFKA_DELTA_JARS"] = JARS_DIR
-        # The nodes' Python at this interpreter's own path (as on nodes of one image): it must
-        # reach the executors as named, never as this machine's launcher of it (a file in this
-        # machine's cache). It has the engine (a .pth of this checkout), not the project.
-        python = sys.executable
+    """The cluster engine (Spark's kafka source and delta-spark, their jars shipped with
+    --jars), submitted with scripts/submit.sh: the run goes to the cluster's master (the config
+    says local[2]); the UDF transform runs on executors that import the user's package only from
+    the shipped wheel; a driver killed after a batch's Delta commit (before Spark's) replays that
+    batch as a no-op on restart; dead letters land once; the consumer group holds the stored
+    offsets (lag 0). The embedded engine's turn is the next test's."""
+    if not JARS_DIR or not any(Path(JARS_DIR).glob("spark-sql-kafka*.jar")):
+        pytest.skip(connector_skip_reason(["delta-spark", "spark-sql-kafka"]))
+    engine = "cluster"
+    extra = {"KAFKA_DELTA_JARS": JARS_DIR}
+    # The nodes' Python at this interpreter's own path (as on nodes of one image): it must reach
+    # the executors as named, never as this machine's launcher of it (a file in this machine's
+    # cache). It has the engine (a .pth of this checkout), not the project.
+    python = sys.executable
     topics = new_topics(2, partitions=2)
     produce_events(kafka_bootstrap, topics, 3000)
     bad = _bad_values(kafka_bootstrap, topics[0], 2, engine, 6)
@@ -395,11 +393,14 @@ def _orphans(table: Path) -> set[str]:
 def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_the_table_exact(
     spark_cluster, kafka_bootstrap, new_topics, nodes_python: str, project: Path, tmp_path: Path
 ) -> None:
-    """A continuous run on the cluster while records arrive: an executor SIGKILLed during a
-    batch, at least five times, then a whole worker SIGKILLed and started again. Spark runs the
-    lost tasks again; the table, the dead letters and the group's offsets end exact. The dead
-    attempts' Parquet files stay in the table's folder, in no commit, until ``table maintain
-    --full`` (VACUUM FULL) deletes them once they are older than the retention."""
+    """The embedded engine on the cluster, its executors' Python without the engine or the
+    project (both reach them as the wheels scripts/submit.sh ships). A continuous run while
+    records arrive: an executor SIGKILLed during a batch, at least five times, then a whole
+    worker SIGKILLed and started again. Spark runs the lost tasks again; the table, the dead
+    letters and the group's offsets end exact. Then the state a driver killed past a batch's
+    Delta commit leaves: the next run replays that batch as a no-op. The dead attempts'
+    Parquet files stay in the table's folder, in no commit, until ``table maintain --full``
+    (VACUUM FULL) deletes them once they are older than the retention."""
     topics = new_topics(2, partitions=2)
     config = _config(tmp_path, kafka_bootstrap, topics, "embedded", max_records_per_trigger=3000)
     cfg = load_config(config)
@@ -455,15 +456,32 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     out = log.read_text(errors="replace")
     lost = re.findall(r"Lost task .*ExecutorLostFailure", out)
     assert len(kills) >= 6 and len(lost) >= 5, (kills, lost, out[-4000:])
+    assert f"spark: master {spark_cluster.master_url}, executors' Python {nodes_python}\n" in out
     assert_exactly_once(cfg, producer.produced)
     _assert_dead_letters(config, producer.bad)
+    assert_offsets_agree(cfg)  # lag 0
+
+    # A driver killed after the last batch's Delta commit, before Spark's: the next run (until
+    # caught up, as a scheduled job) replays that batch and writes nothing of it again.
+    forget_last_spark_commit(cfg)
+    produced = producer.produced + produce_events(
+        kafka_bootstrap, topics, 300, first_id=producer.produced
+    )
+    bad = producer.bad + _bad_values(kafka_bootstrap, topics[0], 2, "after", 2)
+    rerun = _submit(project, spark_cluster.master_url, nodes_python, config)
+    out = _finish(rerun)
+    assert rerun.returncode == 0, out[-4000:]
+    done = re.search(r"done: batches=(\d+) replayed=(\d+) rows=(\d+)", out)
+    assert done and done.group(2) == "1" and done.group(3) == "300", out[-4000:]
+    assert_exactly_once(cfg, produced)
+    _assert_dead_letters(config, bad)
     _assert_udf_ran(config)
     assert_offsets_agree(cfg)  # lag 0
 
     orphans = _orphans(table)
     print(
         f"cluster kills: {len(kills)} executors SIGKILLed, {len(lost)} tasks lost, "
-        f"{len(_batches(log))} batches, {producer.produced} records, "
+        f"{len(_batches(log))} batches, {produced} records, "
         f"{len(orphans)} orphan Parquet files in no commit"
     )
     assert orphans, "no dead attempt left a file: the kills hit no write"
@@ -482,4 +500,4 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     )
     assert maintained.returncode == 0, maintained.stdout + maintained.stderr
     assert not _orphans(table), maintained.stdout
-    assert_exactly_once(cfg, producer.produced)
+    assert_exactly_once(cfg, produced)
