@@ -41,9 +41,10 @@ import yaml
 from deltalake import DeltaTable
 
 from kafka_delta.config import load_config
+from kafka_delta.runtime.connectors import DELTA_SESSION_CONFS, connector_packages
 from kafka_delta_dev.children import die_with_parent
 from kafka_delta_dev.produce import produce_events, produce_values
-from kafka_delta_dev.pytest_plugin import JARS_DIR, connector_skip_reason
+from kafka_delta_dev.pytest_plugin import JARS_DIR, WITH_CONNECTORS, connector_skip_reason
 from support import (
     PROJECT,
     REPO,
@@ -206,6 +207,22 @@ def _finish(run: subprocess.Popen[str], timeout: float = 420) -> str:
     return out or ""
 
 
+def _connectors() -> dict[str, str]:
+    """How submit.sh gets the cluster engine's jars here (they go to the executors with the
+    application): the folder of them, or Spark fetching them; else the test skips, naming the
+    connectors this machine lacks."""
+    if JARS_DIR and any(Path(JARS_DIR).glob("spark-sql-kafka*.jar")):
+        return {"KAFKA_DELTA_JARS": JARS_DIR}
+    if WITH_CONNECTORS:
+        confs = " ".join(f"--conf {k}={v}" for k, v in DELTA_SESSION_CONFS.items())
+        return {"SPARK_SUBMIT_EXTRA": f"--packages {','.join(connector_packages())} {confs}"}
+    pytest.skip(
+        connector_skip_reason(
+            ["spark-sql-kafka"] if JARS_DIR else ["delta-spark", "spark-sql-kafka"]
+        )
+    )
+
+
 def _bad_values(bootstrap: str, topic: str, partitions: int, tag: str, count: int) -> list[bytes]:
     """``count`` undecodable values (each one distinct) over the topic's partitions."""
     values = [f"not json {tag}-{i}".encode() for i in range(count)]
@@ -245,16 +262,14 @@ def test_the_cluster_engine_on_the_cluster_lands_records_exactly_once_through_a_
     the shipped wheel; a driver killed after a batch's Delta commit (before Spark's) replays that
     batch as a no-op on restart; dead letters land once; the consumer group holds the stored
     offsets (lag 0). The embedded engine's turn is the next test's."""
-    if not JARS_DIR or not any(Path(JARS_DIR).glob("spark-sql-kafka*.jar")):
-        pytest.skip(connector_skip_reason(["delta-spark", "spark-sql-kafka"]))
     engine = "cluster"
-    extra = {"KAFKA_DELTA_JARS": JARS_DIR}
+    extra = _connectors()
     # The nodes' Python at this interpreter's own path (as on nodes of one image): it must reach
     # the executors as named, never as this machine's launcher of it (a file in this machine's
     # cache). It has the engine (a .pth of this checkout), not the project.
     python = sys.executable
     topics = new_topics(2, partitions=2)
-    produce_events(kafka_bootstrap, topics, 3000)
+    produce_events(kafka_bootstrap, topics, 2000)
     bad = _bad_values(kafka_bootstrap, topics[0], 2, engine, 6)
     config = _config(tmp_path, kafka_bootstrap, topics, engine, max_records_per_trigger=1000)
     cfg = load_config(config)
@@ -264,7 +279,7 @@ def test_the_cluster_engine_on_the_cluster_lands_records_exactly_once_through_a_
         spark_cluster.master_url,
         python,
         config,
-        env=_env(KAFKA_DELTA_CRASH_AT="after_delta_commit", KAFKA_DELTA_CRASH_AFTER="1", **extra),
+        env=_env(KAFKA_DELTA_CRASH_AT="after_delta_commit", **extra),
     )
     out = _finish(crashed)
     assert crashed.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), out[-4000:]
@@ -279,7 +294,7 @@ def test_the_cluster_engine_on_the_cluster_lands_records_exactly_once_through_a_
     done = re.search(r"done: batches=(\d+) replayed=(\d+) rows=(\d+)", out)
     assert done and done.group(2) == "1", out[-4000:]  # the killed batch: a replay, no write
     assert DeltaTable(cfg.delta.table).history(1)[0]["version"] > version
-    assert_exactly_once(cfg, 3000)
+    assert_exactly_once(cfg, 2000)
     _assert_dead_letters(config, bad)
     _assert_udf_ran(config)
     assert_offsets_agree(cfg)  # stored == planned == group committed == latest: lag 0
