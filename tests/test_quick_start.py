@@ -69,14 +69,10 @@ def test_repo_readme_shows_the_generated_readmes_quick_start(tmp_path: Path) -> 
             assert os.access(rendered / script, os.X_OK), script
 
 
-@pytest.mark.skipif(
-    shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
-    reason="Spark needs Java 17: java is not on PATH and JAVA_HOME is unset",
-)
-@pytest.mark.skipif(shutil.which("git") is None, reason="cruft create needs git on PATH")
-def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
-    tmp_path: Path,
-) -> None:
+def fresh_project(tmp_path: Path) -> tuple[list[str], dict[str, str], Path]:
+    """A bash script that generates a project as the repo README says and installs it as the
+    generated README says (the venv, the install), the environment to run it in, and where the
+    project will be: the commands of a README block are appended to the script."""
     generate, project_commands = repo_quick_start()
     # The README's generate block as one runs it without answering questions: the engine's
     # wheels, then the render from the preset.
@@ -103,9 +99,9 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
     # points (that .pth does not put this checkout's engine sources on the path: a .pth in a
     # folder a .pth adds is not read). Everything else runs as written.
     install = "python -m pip install -r engine.txt -e '.[dev]'"
-    assert project_commands[-1] == "python -m pytest"  # the suite: tests/test_generated_project
+    assert project_commands[2] == install, project_commands
     script = ["set -euo pipefail", "set -x", f"cd {repo}", *prepare]
-    for command in project_commands[:-1]:
+    for command in project_commands[:3]:  # cd, the venv, the install
         if command == install:
             shared = sysconfig.get_paths()["purelib"]
             script.append(
@@ -116,13 +112,14 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
                 "python -m pip install --no-deps -r engine.txt kafka-delta kafka-delta-dev"
             )
             command = "python -m pip install --no-deps --no-build-isolation -e '.[dev]'"
-        script.append(command)
-        if command.startswith("python -m pip install --no-deps --no-build"):
+            script.append(command)
             # the project runs the engine of its wheel, not of this checkout
             script.append(
                 "python -c 'import kafka_delta; where = kafka_delta.__file__; "
                 'assert "/site-packages/kafka_delta/" in where, where\''
             )
+        else:
+            script.append(command)
     env = {
         k: v
         for k, v in os.environ.items()
@@ -143,7 +140,21 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         PIP_DISABLE_PIP_VERSION_CHECK="1",
     )
     (tmp_path / "home").mkdir()
-    project = tmp_path / "orders-stream"
+    return script, env, tmp_path / "orders-stream"
+
+
+@pytest.mark.skipif(
+    shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+    reason="Spark needs Java 17: java is not on PATH and JAVA_HOME is unset",
+)
+@pytest.mark.skipif(shutil.which("git") is None, reason="cruft create needs git on PATH")
+def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
+    tmp_path: Path,
+) -> None:
+    _, project_commands = repo_quick_start()
+    assert project_commands[-1] == "python -m pytest"  # the suite: tests/test_generated_project
+    script, env, project = fresh_project(tmp_path)
+    script += project_commands[3:-1]  # the README's commands after the install
     try:
         run = subprocess.run(
             ["bash", "-c", "\n".join(script)],
@@ -202,3 +213,102 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         "tests",
     }, untracked
     assert not [line for line in status if "__pycache__" in line], status
+
+
+# The user's transform for the cluster section: a Python UDF that calls a helper module of the
+# user's package, which every executor must import (the transform.py a user writes).
+ENRICH = """def size_band(amount):
+    if amount is None:
+        return None
+    return "large" if amount >= 250 else "small"
+"""
+UDF_TRANSFORM = """from kafka_delta import decoded_events
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from orders_stream import enrich
+
+
+def transform(df: DataFrame) -> DataFrame:
+    band = F.udf(enrich.size_band, "string")
+    return decoded_events(df).withColumn("band", band(F.col("amount")))
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("java") is None and not os.environ.get("JAVA_HOME"),
+    reason="Spark needs Java 17: java is not on PATH and JAVA_HOME is unset",
+)
+@pytest.mark.skipif(shutil.which("git") is None, reason="cruft create needs git on PATH")
+def test_readme_cluster_commands_pasted_in_order_run_a_udf_transform_on_a_standalone_cluster(
+    tmp_path: Path,
+) -> None:
+    """The generated README's "Run on a cluster" block, pasted in order in a fresh project whose
+    transform calls a UDF of the user's package: a standalone master and two workers start,
+    scripts/submit.sh ships the wheels and runs the pipeline on them, and both stop."""
+    rendered = Path(
+        cookiecutter(
+            str(ROOT / "template"), no_input=True, config_file=str(PRESET), output_dir=str(tmp_path)
+        )
+    )
+    readme = (rendered / "README.md").read_text(encoding="utf-8")
+    (block,) = bash_blocks(section(readme, "## Run on a cluster"))[:1]
+    assert "scripts/spark_cluster.sh start" in block and "scripts/submit.sh" in block, block
+    for command in block:
+        assert not ADDRESS.search(command), command
+        for script_name in re.findall(r"scripts/\S+", command):
+            assert os.access(rendered / script_name, os.X_OK), script_name
+    shutil.rmtree(rendered)
+
+    script, env, project = fresh_project(tmp_path)
+    package = project / "src" / "orders_stream"
+    for name, text in (("enrich.py", ENRICH), ("transform.py", UDF_TRANSFORM)):
+        script.append(f"cat > {package / name} <<'PYTHON'\n{text}PYTHON")
+    script += block
+    try:
+        run = subprocess.run(
+            ["bash", "-c", "\n".join(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        _stop_leftovers(project)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+
+    assert "submitting to the cluster scripts/spark_cluster.sh started" in run.stderr
+    assert "shipping kafka_delta-" in run.stderr and "orders_stream-0.1.0" in run.stderr
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(project / "data" / "tables" / "orders_stream")).to_pyarrow_table()
+    assert table.num_rows == 10000
+    assert len(set(table["id"].to_pylist())) == 10000
+    assert table["band"].to_pylist() == [
+        "large" if a >= 250 else "small" for a in table["amount"].to_pylist()
+    ]
+    # The run's executors ran on both workers (each leaves a folder per executor it started).
+    for worker in ("worker-0", "worker-1"):
+        assert list((project / "data" / "cluster" / worker).glob("app-*/*/stderr")), worker
+    assert not (project / ".cluster.json").exists() and not (project / ".broker.json").exists()
+
+
+def _stop_leftovers(project: Path) -> None:
+    """What a script stopped before its `stop` commands left running, by the pids it kept."""
+    cluster = project / ".cluster.json"
+    if cluster.exists():
+        state = json.loads(cluster.read_text())
+        for pid in [*state.get("worker_pids", []), state.get("master_pid")]:
+            if pid:
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    broker = project / ".broker.json"
+    if broker.exists():
+        try:
+            os.kill(json.loads(broker.read_text())["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass

@@ -27,6 +27,7 @@ RUN = textwrap.dedent(
     spark = build_spark(PipelineConfig.model_validate(settings), log4j)
     system = spark.sparkContext._jvm.java.lang.System
     print(json.dumps({
+        "master": spark.sparkContext.master,
         **{
             name: system.getProperty(name)
             for name in ("kafka_delta.own", "log4j2.configurationFile")
@@ -72,6 +73,8 @@ def test_the_configs_driver_options_join_the_engines_and_win_where_both_set_one(
     tmp_path: Path,
 ) -> None:
     seen = _build(tmp_path, {"spark.driver.extraJavaOptions": "-Dkafka_delta.own=kept"})
+    # A plain run (no spark-submit, no session before it) takes the config's master.
+    assert seen["master"] == "local[1]"
     # The project's own option, and the engine's log configuration beside it.
     assert seen["kafka_delta.own"] == "kept"
     assert seen["log4j2.configurationFile"] == f"file:{(tmp_path / 'log4j2.properties').resolve()}"
@@ -84,3 +87,40 @@ def test_the_session_writes_parquet_timestamps_every_delta_reader_reads(tmp_path
     seen = _build(tmp_path, {"spark.sql.parquet.datetimeRebaseModeInWrite": "LEGACY"})
     assert seen["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
     assert seen["spark.sql.parquet.datetimeRebaseModeInWrite"] == "LEGACY"
+
+
+@pytest.mark.skipif(NO_JAVA, reason=NEEDS_JAVA)
+def test_a_run_submitted_with_a_master_runs_on_it_not_on_the_configs(tmp_path: Path) -> None:
+    """spark-submit's --master wins over the config's spark.master (local[1] here against the
+    config's local[2]): under spark-submit, SparkConf says nothing of the master before the
+    session exists, and a run that asked it ran on the config's master instead."""
+    seen = _submitted(tmp_path, ["--master", "local[1]"], {"spark.master": "local[2]"})
+    assert seen["master"] == "local[1]"
+
+
+def _submitted(tmp_path: Path, options: list[str], spark: dict[str, str]) -> dict[str, str]:
+    """What build_spark's session says in a process spark-submit started with ``options``, on
+    a config whose ``spark:`` section is ``spark``."""
+    log4j = tmp_path / "log4j2.properties"
+    log4j.write_text("rootLogger.level = error\n")
+    script = tmp_path / "run.py"
+    script.write_text(RUN)
+    settings = {
+        "pipeline_id": "p",
+        "kafka": {"bootstrap_servers": "127.0.0.1:1", "topics": ["t"], "consumer_group": "g"},
+        "delta": {"table": str(tmp_path / "table")},
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "spark": {"master": spark["spark.master"], "conf": {"spark.ui.enabled": "false"}},
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_SUBMIT_ARGS")}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    submit = Path(sys.executable).parent / "spark-submit"
+    run = subprocess.run(
+        [str(submit), *options, str(script), json.dumps(settings), str(log4j)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])

@@ -22,7 +22,11 @@ ROW_NAMES = {
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
     10: "ceiling: pipeline read path to Spark's noop sink",
     11: "pipeline into two tables (all + paid by route)",
+    12: "row 4 on a standalone cluster: 2 workers x 1 core",
 }
+# Rows that run only when --rows names them: row 12 starts a Spark standalone cluster (a master
+# and two worker JVMs) beside the broker, which the default run has no use for.
+OPT_IN = (12,)
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)
 TIME_SPLIT = {

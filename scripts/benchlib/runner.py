@@ -208,12 +208,19 @@ class Bench:
 
     # -- the main rows ----------------------------------------------------------------------
 
-    def measure(self, row: Row, kind: str, spec: dict[str, Any], table: Path | None) -> Row:
+    def measure(
+        self,
+        row: Row,
+        kind: str,
+        spec: dict[str, Any],
+        table: Path | None,
+        env: dict[str, str] | None = None,
+    ) -> Row:
         label = f"{row.number}-{kind}" + (f"-{row.repeat}" if row.repeat else "")
         say(f"==> {row.number}. {row.name}" + (f" (run {row.repeat + 1})" if row.repeat else ""))
         try:
             result, started, sampler = run_worker(
-                kind, spec, self.out, label, self.env, self.args.timeout
+                kind, spec, self.out, label, env or self.env, self.args.timeout
             )
         except WorkerError as exc:
             row.check = "FAILED"
@@ -467,6 +474,8 @@ class Bench:
                     exactly_once=exactly_once,
                 )
                 rows.append(self.measure(row(number, repeat), "pipeline", spec, tables / label))
+        if 12 in a.rows:
+            rows.append(self.run_on_cluster(row(12), topic, ends))
         for number in (6, 7):
             if number in a.rows:
                 rows.append(self.run_delta_spark(row(number), topic, ends))
@@ -501,6 +510,34 @@ class Bench:
                 floor_batches=a.floor_batches,
             )
             rows.append(self.measure(row(10), "ceiling", spec, None))
+
+    def run_on_cluster(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
+        """Row 12: row 4's pipeline and data on a Spark standalone cluster of two workers of one
+        core and 1 GiB each (kafka_delta_dev.standalone_cluster, on 127.0.0.1), the driver in
+        the worker process as in row 4: what leaving local mode costs when the same two cores
+        run the driver, two executor JVMs and their Python workers. The cluster starts before
+        the row's clock and stops after it."""
+        from kafka_delta_dev.standalone_cluster import StandaloneCluster
+
+        say("==> starting a standalone cluster (a master, 2 workers x 1 core) on 127.0.0.1")
+        cluster = StandaloneCluster(self.out / "cluster", workers=2, cores=1, memory="1g")
+        cluster.start()
+        try:
+            label = "12-pipeline-cluster"
+            spec = self.spec(
+                topic,
+                ends,
+                name="bench-cluster",
+                table=str(self.out / "tables" / label),
+                checkpoint=str(self.out / "checkpoints" / label),
+                exactly_once=True,
+                master=cluster.master_url,
+            )
+            row.note = "2 executors x 1 core, driver beside them"
+            env = {**self.env, "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback too
+            return self.measure(row, "pipeline", spec, self.out / "tables" / label, env)
+        finally:
+            cluster.stop()
 
     def run_delta_spark(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
         """Row 6: the same pipeline, exactly-once on, with the delta-spark sink (engine

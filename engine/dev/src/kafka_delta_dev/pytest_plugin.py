@@ -20,7 +20,11 @@ Fixtures:
 - ``make_config(topics, *, engine=..., delta=..., transform=..., **kafka)``: a validated
   :class:`kafka_delta.PipelineConfig` on fresh table and checkpoint paths under ``tmp_path``;
 - ``schema_registry``: the development Schema Registry (``.url``; ``.down()`` for outages);
-- ``object_store``: an S3 API (moto's server) for tables in a bucket.
+- ``object_store``: an S3 API (moto's server) for tables in a bucket;
+- ``spark_cluster``: a Spark standalone cluster on 127.0.0.1 from pyspark's own jars (a master
+  and two workers of one core and 1 GiB; :mod:`kafka_delta_dev.standalone_cluster`), for runs
+  submitted to a real cluster (``.master_url``) whose executors a test can SIGKILL
+  (``.executor_pids(worker)``, ``.kill_worker(i)``, ``.start_worker(i)``).
 
 :func:`connector_conf` gives a run in a process of its own the jars of an engine that needs
 them (the cluster engine), or skips the test with the reason when this machine has none.
@@ -302,3 +306,20 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Schema
         yield registry
     finally:
         registry.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A Spark standalone cluster on 127.0.0.1: a master and two workers of one core and 1 GiB,
+    from the installed pyspark's jars, their work folders and logs under the session's tmp
+    path; stopped by their pids at the end of the session (and tied to this process, so a
+    session killed hard leaves none)."""
+    if NO_JAVA:
+        pytest.skip(NEEDS_JAVA)
+    from kafka_delta_dev.standalone_cluster import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -16,10 +16,12 @@ from PYTHONPATH, and returns its path for ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVE
 launcher checks ``SPARK_HOME`` again at every start: with any other Spark home (a Spark
 distribution, Databricks) it changes nothing. py4j's zip goes only where py4j is installed too.
 
-``scripts/run_local.sh``, ``build_spark``, the tests and the benchmark use it; on Databricks no
-launcher applies (its pyspark is not a pip package with the zips inside). Launchers are kept in
-``${XDG_CACHE_HOME:-~/.cache}/spark-python``, one per interpreter and pyspark; an unwritable cache
-costs the speed-up, never the run.
+``scripts/run_local.sh``, ``build_spark``, the tests and the benchmark use it, for local masters
+only: the launcher is a file in this machine's cache, which a cluster's executors cannot run
+(``build_spark`` leaves the Python of a run submitted to a cluster as the submitter named it).
+On Databricks no launcher applies (its pyspark is not a pip package with the zips inside).
+Launchers are kept in ``${XDG_CACHE_HOME:-~/.cache}/spark-python``, one per interpreter and
+pyspark; an unwritable cache costs the speed-up, never the run.
 
     python -m kafka_delta.runtime.python_launcher    # the launcher's path, or the interpreter's own
 """

@@ -32,15 +32,43 @@ def use_readable_parquet(spark, configured: dict[str, str] | None = None) -> Non
             spark.conf.set(key, value)
 
 
+def submitted_master() -> str | None:
+    """The master this process was started with by a submitter, or None for a plain
+    ``python -m`` run (no JVM yet: this process will start one).
+
+    Told by how the process was started, never by ``SparkConf`` alone: before the JVM gateway is
+    attached, ``SparkConf().contains("spark.master")`` is False even under ``spark-submit
+    --master yarn``, so a run that asked it took the config's ``local[2]`` and never reached the
+    cluster. spark-submit hands its Python driver a running JVM (``PYSPARK_GATEWAY_PORT``) whose
+    conf holds the master it was given (``--master``, ``--conf spark.master``, ``MASTER``, else
+    its own default ``local[*]``); Databricks and any caller that made a session first have a
+    SparkContext already."""
+    from pyspark import SparkConf, SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return str(active.master)
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    SparkContext._ensure_initialized()  # attaches to the JVM spark-submit started
+    return SparkConf().get("spark.master", "local[*]")
+
+
+def is_local_master(master: str | None) -> bool:
+    """Whether executors run on this machine: ``local``, ``local[N]``, ``local-cluster[...]``,
+    or no master at all (Spark's default, ``local[*]``)."""
+    return master is None or master.startswith("local")
+
+
 def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
     """The Spark session; ``log4j_config`` (``conf/log4j2.properties``) configures Spark's
     logging when this process starts Spark's JVM itself (a plain ``python -m`` run), as
     ``scripts/run_local.sh`` does for spark-submit; such a run with a local master also maps the
-    class archive of Spark's classes when one exists (:mod:`kafka_delta.runtime.jvm_archive`)."""
-    # Spark's Python workers must run this interpreter, where the package is importable, and
-    # import the installed, compiled pyspark rather than Spark's source zip (python_launcher).
-    use_for_spark()
-    from pyspark import SparkConf
+    class archive of Spark's classes when one exists (:mod:`kafka_delta.runtime.jvm_archive`).
+
+    The master is the submitter's wherever there is one (spark-submit's ``--master``, a
+    cluster manager, Databricks): the config's ``spark.master`` applies to a plain ``python -m``
+    run only (:func:`submitted_master`)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"kafka-delta-{config.pipeline_id}")
@@ -58,14 +86,14 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
                 log.warning("spark.conf %s is not settable on a Connect session: %s", key, exc)
         use_readable_parquet(spark, config.spark.conf)
         return spark
-    # Under spark-submit (or on Databricks) the master is already chosen; only a plain
-    # `python -m` run takes the one from the config file.
-    if config.spark.master and not SparkConf().contains("spark.master"):
-        builder = builder.master(config.spark.master)
+    master = submitted_master()
+    if master is None and config.spark.master:
+        master = config.spark.master
+        builder = builder.master(master)
         options = []
         if log4j_config is not None and log4j_config.is_file():
             options.append(f"-Dlog4j2.configurationFile=file:{log4j_config.resolve()}")
-        if config.spark.master.startswith("local"):
+        if master.startswith("local"):
             # Spark's classes mapped from the class archive a local run recorded: ~2.5 s sooner.
             options += jvm_archive.mapping_options()
         # The config's own driver options (spark.conf) join these, after them so that theirs
@@ -75,12 +103,23 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
         joined = " ".join(part for part in (jvm_archive.option_string(options), own) if part)
         if joined:
             builder = builder.config("spark.driver.extraJavaOptions", joined)
+    if is_local_master(master):
+        # Spark's Python workers must run this interpreter, where the package is importable,
+        # and import the installed, compiled pyspark rather than Spark's source zip
+        # (python_launcher). Only where they run on this machine: the launcher is a file in
+        # this machine's cache, and a cluster's executors run the Python the submitter named
+        # (spark.pyspark.python, PYSPARK_PYTHON), even when it has this interpreter's path.
+        use_for_spark()
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     use_readable_parquet(spark, config.spark.conf)
     if not is_connect(spark):  # a Connect session (the platform's) has no SparkContext
-        spark.sparkContext.setLogLevel("WARN")
+        context = spark.sparkContext
+        context.setLogLevel("WARN")
+        # Where the run goes: the master (the submitter's, else the config's) and the Python
+        # the executors start, which a cluster's nodes must have.
+        log.info("spark: master %s, executors' Python %s", context.master, context.pythonExec)
     return spark
 
 
