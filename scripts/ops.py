@@ -22,7 +22,8 @@ After every move nothing may be in the tables more often than the model allows; 
 pipeline has caught up, nothing may be missing, and ``offsets verify --against-kafka`` must pass
 exactly when the tables hold each record at most once. A failing sequence prints its seed and
 the shortest sequence of moves that still fails; ``--seed S --replay 'MOVES'`` runs those moves
-again as printed (the seed drives what the moves draw inside: events, a race's checkpoint).
+again as printed (the seed drives what the moves draw inside: events, a race's checkpoint), and
+``--replay`` given several times runs each in turn on one broker and one Spark session.
 Everything runs in this process, on one Spark session and one broker: a move costs seconds. (A
 crash here is a run stopped by an exception at a crash point, which leaves the durable state a
 SIGKILL there leaves; real SIGKILLs are scripts/chaos's.)
@@ -55,12 +56,17 @@ def log(message: str) -> None:
 
 def connector_confs(sink: str, jars: str | None) -> dict[str, str] | None:
     """The Spark confs delta-spark's jars need (None: none to be had here), as the test suite
-    finds them: KAFKA_DELTA_CONNECTORS=packages fetches them, else the folder ``jars``."""
+    finds them: KAFKA_DELTA_CONNECTORS=packages fetches them, else the folder ``jars``, else
+    the jars scripts/bootstrap fetched through Maven (kafka_delta_dev.connector_jars): without
+    that last one, tests/test_ops.py ran the delta-spark sink's sequences only where
+    KAFKA_DELTA_JARS was set, and failed where the suite found the jars by itself."""
+    from kafka_delta_dev.connector_jars import local_folder
     from kafka_delta_dev.local_spark import connector_confs as found
 
     if sink != "delta_spark":
         return {}
-    return found(jars, os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages") or None
+    packages = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
+    return found(jars or (None if packages else local_folder()[0]), packages) or None
 
 
 def spark_session(confs: dict[str, str]):
@@ -107,13 +113,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--replay",
         metavar="MOVES",
+        action="append",
         help="run these moves (as a failure prints them, e.g. 'skip(117, 61) rewind(32, 12)') "
-        "after the prologue, on --seed's (or each of --seeds') randomness, instead of drawn ones",
+        "after the prologue, on --seed's (or each of --seeds') randomness, instead of drawn ones; "
+        "given more than once, each in turn (one broker and Spark session for all)",
     )
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     args = parser.parse_args(argv)
     try:
-        replay = parse(args.replay) if args.replay is not None else None
+        replays = [parse(text) for text in args.replay or ()]
     except ValueError as exc:
         print(f"error: --replay: {exc}", file=sys.stderr)
         return 2
@@ -149,14 +157,17 @@ def main(argv: list[str]) -> int:
     )
     spark = spark_session(confs)
     runner = Runner(spark, bootstrap, args.workdir, args.sink, log, several)
-    seeds = args.seeds or (
-        [args.seed] if replay is not None else [args.seed + n for n in range(args.random)]
-    )
+    seeds = args.seeds or ([args.seed] if replays else [args.seed + n for n in range(args.random)])
+    # (seed, moves) of every sequence: each replay on each seed, else each seed's drawn moves.
+    runs = [
+        (seed, moves)
+        for seed in seeds
+        for moves in (replays or [sequence(seed, args.moves, several)])
+    ]
     totals = {"moves": 0, "lost": 0, "doubled": 0, "stuck": 0, "verify_disagreements": 0}
     try:
-        for n, seed in enumerate(seeds):
-            moves = replay if replay is not None else sequence(seed, args.moves, several)
-            log(f"sequence {n + 1}/{len(seeds)} (seed {seed}): {' '.join(map(str, moves))}")
+        for n, (seed, moves) in enumerate(runs):
+            log(f"sequence {n + 1}/{len(runs)} (seed {seed}): {' '.join(map(str, moves))}")
             result = runner.run(seed, moves)
             totals["moves"] += result.done
             totals["lost"] += len(result.lost)
@@ -172,7 +183,7 @@ def main(argv: list[str]) -> int:
         if broker is not None:
             broker.stop()
     print(
-        f"ops-random: sink={args.sink} tables={args.tables} sequences={len(seeds)} "
+        f"ops-random: sink={args.sink} tables={args.tables} sequences={len(runs)} "
         f"moves={totals['moves']} "
         f"lost={totals['lost']} doubled={totals['doubled']} stuck={totals['stuck']} "
         f"verify_disagreements={totals['verify_disagreements']}",

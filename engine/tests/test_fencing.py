@@ -1,8 +1,11 @@
 """The fencing rule (I6) and the one rule of where a partition is first read, as pure functions:
 what a batch may start at on a table that stores offsets for some, all or none of its
-partitions, whichever source planned it."""
+partitions, whichever source planned it. Then two runs creating one table at once on delta-spark,
+real tables: a lost creation race is a fence like any lost race."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +112,67 @@ def test_a_partition_a_restore_took_out_of_the_table_is_fenced_as_the_restore() 
 )
 def test_the_first_read_of_a_partition_follows_one_rule(stored, starting, expected) -> None:
     assert first_offset("t", 0, stored=stored, starting=starting, earliest=5, latest=9) == expected
+
+
+# -- a lost creation race is a fence (delta-spark; real tables, two writers at once) -----------
+
+
+def _race_to_create(spark, location: str, checkpoints: Path) -> list[tuple[str, str]]:
+    """Two runs of one pipeline (two checkpoints) commit their first batch to ``location`` at
+    once, released together: how each ended (``written``, or the exception's name and text)."""
+    import threading
+
+    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
+
+    barrier = threading.Barrier(2)
+    ends: list[tuple[str, str]] = []
+
+    def one(n: int) -> None:
+        sink = DeltaSparkSink(spark, location, "orders", checkpoint=str(checkpoints / f"c{n}"))
+        rows = spark.createDataFrame([(n,)], "id long")
+        commit = BatchCommit("orders", f"orders.q{n}", 0, {"orders": {0: 1}})
+        barrier.wait()
+        try:
+            result = sink.commit_batch(rows, commit, start={})
+            ends.append(("written", f"q{n}") if result.written else ("replayed", f"q{n}"))
+        except Exception as exc:
+            ends.append((type(exc).__name__, str(exc)))
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return sorted(ends)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("by", ["path", "name"])
+def test_two_runs_creating_one_table_at_once_commit_once_and_the_loser_is_fenced(
+    spark, tmp_path: Path, by: str
+) -> None:
+    """delta-spark refuses the second of two first commits to an empty location
+    (``DELTA_PROTOCOL_CHANGED``: "multiple writers are writing to an empty directory"), and by
+    name the catalog's or Delta's refusal of the second ``CREATE TABLE`` (the name taken; the
+    location not empty: ``DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION``). Found by the
+    operations harness on two tables (a deleted table, then a race that created the dead-letter
+    table): the loser died with Delta's raw error, a stuck state. Each is a lost race: the loser
+    goes on to its append (by name) or reads the table back (by path), and is fenced with a
+    sentence naming the winner's commit; the table holds the winner's row once. Threads
+    released together, so a round may not overlap; the rules give the same ends then (the loser
+    finds the winner's offsets), and the rounds overlapped every time here (without the sink's
+    lost-race judgement eight of eight rounds by path ended in the raw error; without the
+    by-name creation's, twelve of twelve ended raw or fenced by a commit it never saw)."""
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
+    schema = f"kd_{tmp_path.name[-12:].replace('-', '_')}"
+    if by == "name":
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS {schema} LOCATION '{tmp_path / 'warehouse'}'")
+    for n in range(3):
+        location = str(tmp_path / f"t{n}") if by == "path" else f"{schema}.t{n}"
+        (fenced, why), (written, winner) = _race_to_create(spark, location, tmp_path / f"r{n}")
+        assert written == "written" and fenced == "FencingError", (fenced, why[:2000])
+        assert f"(batch 0 of orders.{winner})" in why, why  # the winner's commit, named
+        frame = spark.table(location) if by == "name" else spark.read.format("delta").load(location)
+        assert [r.id for r in frame.collect()] == [int(winner[1:])]

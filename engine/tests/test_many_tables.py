@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 
 from kafka_delta.cli import main
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
+from kafka_delta.decoding.failures import reported
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import parse_user_metadata
 from kafka_delta.pipeline import Pipeline
@@ -617,3 +618,65 @@ def test_a_table_deleted_after_a_run_died_past_the_commits_stops_the_run_not_joi
     _exact(every, set(range(140)))
     _exact(even, set(range(0, 140, 2)))
     _group_is_the_minimum(cfg)
+
+
+def test_two_runs_racing_on_two_checkpoints_send_each_dead_letter_once_to_the_shared_table(
+    spark, kafka_bootstrap, new_topics, make_config, sink_engine, tmp_path, caplog
+) -> None:
+    """Found by the operations harness (``produce_bad(15, 90) race``, both runs on two
+    checkpoints, two tables sharing one dead-letter table): the dead letters of a batch are
+    committed before the tables' commits, so the main tables' fence comes too late for them, and
+    their own rule, by position, read the table and then committed on whatever it had become. A
+    run that read the positions before another run sent the same dead letters sent them again
+    (40 doubled, every time, on delta-rs). Here the other run commits the whole batch right
+    after this one read the dead-letter table (it did not exist yet: the other run creates it):
+    this one finds the table changed, reads it again, sends nothing, and is fenced at its own
+    table's commit. Each bad record is in the dead-letter table once (without the fence all 12
+    were there twice, on either sink); the loser's checkpoint then runs on, exactly."""
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 40)
+    shared = str(tmp_path / "dead-letters")
+    cfg = _tables(
+        make_config,
+        topics,
+        {"all": {}, "even": {"route": "id % 2 = 0"}},
+        engine=sink_engine,
+    ).with_overrides(**{"dead_letters.table": shared})
+    every, even = cfg.table_configs()
+    assert every.dead_letter_table == even.dead_letter_table == shared
+    Pipeline(spark, cfg).run()
+    bad = [(n % 2, f'{{"broken": {n}, "id": '.encode()) for n in range(12)]
+    produce_values(kafka_bootstrap, topics[0], bad)
+    produce_events(kafka_bootstrap, topics, 10, first_id=40)
+
+    other = cfg.with_overrides(checkpoint=str(tmp_path / "other-checkpoint"))
+    loser = Pipeline(spark, other)
+    queue = loser.tables[0].dead_letters  # "all": the first table to send the batch's
+    read_positions = queue._held
+    raced: list[bool] = []
+
+    def read_then_lose_the_race(*args):
+        found = read_positions(*args)
+        if not raced:
+            # Between this run's reading of the dead-letter table and its commit there, the
+            # other checkpoint's run commits the same batch, dead letters and tables.
+            raced.append(True)
+            Pipeline(spark, cfg).run()
+        return found
+
+    queue._held = read_then_lose_the_race
+    with caplog.at_level(logging.INFO, "kafka_delta.sinks.dead_letters"):
+        with pytest.raises(Exception) as fenced:  # Spark's, carrying the engine's sentence
+            loser.run()
+    assert raced
+    assert reported(fenced.value, "FencingError") is not None, fenced.value
+    letters = DeltaTable(shared).to_pyarrow_table()["value"].to_pylist()
+    assert sorted(letters) == sorted(v for _, v in bad), Counter(letters).most_common(3)
+    assert "changed while its dead letters were sent" in caplog.text
+
+    Pipeline(spark, other).run()  # behind the tables: set aside, resumes from them
+    assert sorted(DeltaTable(shared).to_pyarrow_table()["value"].to_pylist()) == sorted(
+        v for _, v in bad
+    )
+    _exact(every, set(range(50)))
+    _exact(even, set(range(0, 50, 2)))

@@ -119,10 +119,16 @@ class Sink(Protocol):
         commit: BatchCommit,
         start: Offsets | None = None,
         firsts: Offsets | None = None,
+        *,
+        expected_seq: int | None = None,
     ) -> SinkResult:
         """Commit ``rows`` as batch ``commit`` in one Delta commit; ``start`` (the batch's
         start offsets) enables the fencing check, with ``firsts`` as in :meth:`check`; a replay
-        writes nothing. The checks run again here, atomically with the commit."""
+        writes nothing. The checks run again here, atomically with the commit.
+        ``expected_seq``: the pipeline's newest commit number in the table when the caller read
+        what it holds (0: none); the commit lands only on top of it, else
+        :class:`~.offsets.fencing.TableMovedError` and nothing is written (the dead-letter
+        table's fence, :func:`~.offsets.fencing.check_unmoved`)."""
         ...
 
     def worker_modules(self) -> tuple[str, ...]:

@@ -3,7 +3,9 @@
 One rule, applied by both sinks inside their commit (atomically, see each sink) and before any task
 runs (``Sink.check``). It guards the **main table** only: the dead-letter table keeps its own rule,
 by position (:mod:`kafka_delta.sinks.dead_letters`), because a rewind legitimately re-reads ranges
-whose dead letters are already there.
+whose dead letters are already there. What fences that rule is the pipeline's commit number (the
+fence txn's ``seq``): a dead-letter commit lands only on top of the commit the positions were read
+after (:func:`check_unmoved`), so no record is sent twice, whichever run or table sends it.
 
 What the rule knows of the operator's explicit moves:
 
@@ -33,7 +35,39 @@ class FencingError(RuntimeError):
     stops without writing; a restart resumes from the table."""
 
 
+class TableMovedError(FencingError):
+    """The pipeline committed to the table after the caller read what it holds (the table's fence
+    ``seq`` is no longer the one the caller saw): this commit was not made. The dead-letter queue
+    reads the table again and sends only what it still lacks; should it escape, it ends the run as
+    any lost race does (exit 3), and the restart resumes."""
+
+
 RESTART = "Nothing of this batch was written; restart the pipeline: it resumes from the table."
+
+
+def check_unmoved(
+    stored: StoredOffsets | None, expected_seq: int | None, commit: BatchCommit, table: str
+) -> None:
+    """Raise :class:`TableMovedError` unless the pipeline's newest commit in the table is still
+    the one the caller read the table after: ``expected_seq`` its fence ``seq`` (0: the table
+    held no commit of the pipeline, or did not exist); None checks nothing.
+
+    Why a ``seq`` and not a Delta version: every commit of the pipeline, from any run, table or
+    checkpoint, takes the newest ``seq`` + 1 and writes it in the fence txn, so a commit made on
+    top of ``expected_seq`` lands only if no commit of the pipeline came in between (delta-rs
+    commits without retry on the snapshot checked here; delta-spark rejects or skips a second
+    writer of the same ``seq``), while another writer's commit (OPTIMIZE, VACUUM) moves no
+    ``seq`` and costs nothing (where the ``seq`` is a bound, after a RESTORE or log cleanup on
+    delta-spark, it may: the caller then reads the table once more)."""
+    if expected_seq is None:
+        return
+    now = stored.seq if stored is not None else 0
+    if now != expected_seq:
+        raise TableMovedError(
+            f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r}: another commit of the "
+            f"pipeline landed in {table} (commit {now}, read at commit {expected_seq}) after "
+            f"what it holds was read. {RESTART}"
+        )
 
 
 def check_contiguous(

@@ -17,11 +17,21 @@ That is what makes every path idempotent without losing anything:
 - a range first read after a rewind (``offsets reset --allow-rewind``, a backfill after
   ``starting_offsets: latest``, a replay after a fix whose transform now rejects records the old
   one accepted) sends the dead letters the table does not hold yet, even below offsets the
-  dead-letter table already went past.
+  dead-letter table already went past;
+- two runs racing on two checkpoints (a retried job beside a live one), and the tables of a
+  pipeline that share one dead-letter table, send each record once: see below.
 
 The dead-letter table's commits carry the pipeline's record too (tag, txn, seq), but its stored
 offsets only ever move forward (per partition, the furthest batch end that sent dead letters):
-the main table's fencing rule (:mod:`kafka_delta.offsets.fencing`) is not theirs.
+the main table's fencing rule (:mod:`kafka_delta.offsets.fencing`) is not theirs. Their fence is
+the pipeline's commit number, ``seq``: the queue reads the pipeline's newest commit in the table
+first, then the positions the table holds, and its commit lands only on top of that commit
+(``expected_seq``, :func:`kafka_delta.offsets.fencing.check_unmoved`); when another commit of the
+pipeline came in between, nothing is written and the queue reads the table again. Reading the
+positions alone was not enough: two runs could both find a position missing and both send it
+(the ops harness found it, ``produce_bad(15, 90) race``: the second run's commit, retried after
+losing the race to create the table, went on top of the first's with the same 40 records). The
+main table's fence never caught it: the dead letters are committed before it is.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
-from kafka_delta.offsets.model import BatchCommit, Offsets, partitions_of
+from kafka_delta.offsets.fencing import RESTART, FencingError, TableMovedError
+from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, partitions_of
 from kafka_delta.offsets.stored import OffsetsExpiredError
 from kafka_delta.runtime.faults import crash_point
 
@@ -53,6 +64,9 @@ POSITION = ["topic", "partition", "offset"]
 TOPIC_ID = "topic_id"
 
 Position = tuple[str, int, int]
+# Sends of one batch's dead letters that found the table changed (a commit of the pipeline by
+# another run) before giving up: each lost one means another run's commit landed.
+_MAX_ATTEMPTS = 10
 TopicIds = Mapping[str, str] | None
 
 
@@ -237,6 +251,18 @@ class DeadLetterQueue:
         # own (delta-spark: through Spark), else delta-rs.
         self._held = held or getattr(sink, "positions_held", None) or positions_held
 
+    def _stored(self, commit: BatchCommit, table: str) -> tuple[StoredOffsets | None, int | None]:
+        """(the pipeline's stored offsets in the dead-letter table ``table``, its newest commit
+        number there: 0 without one; None when unknown, and then nothing is pinned)."""
+        if self.offsets is None:
+            return None, None
+        try:
+            stored = self.offsets.read(lambda: partitions_of(commit.end_offsets))
+        except OffsetsExpiredError as exc:
+            log.warning("cannot read the offsets %s stores: %s", table, exc)
+            return None, exc.seq
+        return stored, stored.seq if stored is not None else 0
+
     def send(self, df: DataFrame, dead: pa.Table, commit: BatchCommit) -> int:
         """Commit ``dead`` (positions and errors of the batch ``df`` read) to the dead-letter
         table; how many this call sent (0 when every one was already there)."""
@@ -249,27 +275,43 @@ class DeadLetterQueue:
                 "(dead_letters.enabled: false), so the pipeline stops instead of dropping them."
             )
         table = self.sink.table_uri
-        held = self._held(table, self.storage_options, dead, commit.topic_ids)
-        unsent = unsent_dead_letters(dead, held)
-        if unsent.num_rows == 0:
-            log.info(
-                "batch %d: its %d dead letter(s) are already in %s: nothing sent",
-                commit.batch_id,
-                dead.num_rows,
-                table,
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            # What the pipeline last committed here first, the positions the table holds after:
+            # the commit lands only on top of that commit (the table's fence), so the positions
+            # read are all the pipeline sent, whichever run or table sent them.
+            stored, seen = self._stored(commit, table)
+            held = self._held(table, self.storage_options, dead, commit.topic_ids)
+            unsent = unsent_dead_letters(dead, held)
+            if unsent.num_rows == 0:
+                log.info(
+                    "batch %d: its %d dead letter(s) are already in %s: nothing sent",
+                    commit.batch_id,
+                    dead.num_rows,
+                    table,
+                )
+                return 0
+            record = forward_only(commit, stored.offsets if stored is not None else {})
+            records = dead_letter_records(df, unsent, commit.topic_ids)
+            try:
+                result = self.sink.commit_batch(records, record, expected_seq=seen)
+            except TableMovedError as exc:
+                # Another run committed here meanwhile (its dead letters, perhaps these).
+                log.info(
+                    "batch %d: the dead-letter table %s changed while its dead letters were "
+                    "sent (%s); reading it again (attempt %d)",
+                    commit.batch_id,
+                    table,
+                    str(exc).split(". ")[0],
+                    attempt,
+                )
+                continue
+            break
+        else:
+            raise FencingError(
+                f"batch {commit.batch_id}: the dead-letter table {table} changed "
+                f"{_MAX_ATTEMPTS} times in a row while its dead letters were sent; too many "
+                f"concurrent runs. {RESTART}"
             )
-            return 0
-        try:
-            stored = (
-                self.offsets.read(lambda: partitions_of(commit.end_offsets))
-                if self.offsets is not None
-                else None
-            )
-        except OffsetsExpiredError as exc:
-            log.warning("cannot read the offsets %s stores: %s", table, exc)
-            stored = None
-        record = forward_only(commit, stored.offsets if stored is not None else {})
-        result = self.sink.commit_batch(dead_letter_records(df, unsent, commit.topic_ids), record)
         if result.written:
             log.warning(
                 "batch %d: %d record(s) sent to the dead-letter table %s",

@@ -60,7 +60,7 @@ from pyspark.sql.types import StructType
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.delta.table_storage import join, open_filesystem
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
-from kafka_delta.offsets.fencing import FencingError, check_contiguous
+from kafka_delta.offsets.fencing import FencingError, check_contiguous, check_unmoved
 from kafka_delta.offsets.history import is_restore
 from kafka_delta.offsets.model import (
     BatchCommit,
@@ -593,9 +593,15 @@ class DeltaRsSink:
         commit: BatchCommit,
         start: Offsets | None = None,
         firsts: Offsets | None = None,
+        *,
+        expected_seq: int | None = None,
     ) -> SinkResult:
         """Commit ``rows`` (a DataFrame, written by Spark's tasks, or Arrow, written here) as
-        batch ``commit``; ``start`` (the batch's start offsets) enables the fencing check."""
+        batch ``commit``; ``start`` (the batch's start offsets) enables the fencing check;
+        ``expected_seq`` (the dead-letter table's fence) lets it land only on top of that
+        commit of the pipeline (:func:`..offsets.fencing.check_unmoved`): checked on every
+        snapshot a commit is attempted on (the first time before any file is written), so a
+        lost race (the table created, or committed to, by another run) is judged as afresh."""
         files = rows if isinstance(rows, StagedFiles) else None
         if files is not None:
             files.handed_to_commit = True
@@ -612,6 +618,7 @@ class DeltaRsSink:
                 )
                 return SinkResult(written=False, rows=0, delta_version=None)
             stored = self.stored_offsets(table, commit, start) if table is not None else None
+            check_unmoved(stored, expected_seq, commit, self.table_uri)
             check_contiguous(stored, start, commit, firsts)
             commit = commit.on_top_of(stored)
             properties = CommitProperties(

@@ -56,7 +56,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.delta.promotion import fit_to_table, narrower_columns
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
-from kafka_delta.offsets.fencing import RESTART, FencingError, check_contiguous
+from kafka_delta.offsets.fencing import (
+    RESTART,
+    FencingError,
+    TableMovedError,
+    check_contiguous,
+    check_unmoved,
+)
 from kafka_delta.offsets.model import (
     BatchCommit,
     Offsets,
@@ -280,7 +286,14 @@ class DeltaSparkSink:
         commit: BatchCommit,
         start: Offsets | None = None,
         firsts: Offsets | None = None,
+        *,
+        expected_seq: int | None = None,
     ) -> SinkResult:
+        """Commit ``rows`` as batch ``commit`` (see the module docstring); ``expected_seq`` (the
+        dead-letter table's fence, :func:`..offsets.fencing.check_unmoved`): the commit lands
+        only on top of that commit of the pipeline. Checked on the log read here; a commit of
+        the pipeline after that read takes the ``seq`` this one writes, so delta-spark rejects or
+        skips this one and the read-back raises :class:`TableMovedError`."""
         # A batch that passed check() keeps what it read there: a run that commits in between
         # takes the fence seq this batch would write, so delta-spark skips this write and the
         # read-back below raises FencingError, exactly as for a race during the write itself.
@@ -298,6 +311,7 @@ class DeltaSparkSink:
                 stored.describe() if stored is not None else "",
             )
             return SinkResult(written=False, rows=0, delta_version=None)
+        check_unmoved(stored, expected_seq, commit, self.table_uri)
         check_contiguous(stored, start, commit, firsts)
         commit = commit.on_top_of(stored)
         frame = self._frame(rows)
@@ -357,7 +371,9 @@ class DeltaSparkSink:
                 "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
             )
             return SinkResult(written=False, rows=0, delta_version=None)
-        raise FencingError(
+        # Pinned to a commit of the pipeline (the dead-letter table): the caller looks again.
+        lost = FencingError if expected_seq is None else TableMovedError
+        raise lost(
             f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} lost to a concurrent "
             f"run: the table's newest commit of the pipeline is "
             f"{after.describe() if after is not None else 'missing'}, not this batch (commit "

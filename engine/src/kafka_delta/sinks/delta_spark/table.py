@@ -26,6 +26,7 @@ the principal lacks.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
@@ -64,6 +65,24 @@ def as_nullable(data_type: DataType) -> DataType:
     if isinstance(data_type, MapType):
         return MapType(as_nullable(data_type.keyType), as_nullable(data_type.valueType), True)
     return data_type
+
+
+# Spark's and delta-spark's refusals of a table's creation by name that another writer made first:
+# the catalog's (the name is taken); Delta's when the other's log is already in the managed
+# location and its catalog entry not yet (``DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION``), or when
+# both committed the log's first version at once (``DELTA_PROTOCOL_CHANGED``, "multiple writers are
+# writing to an empty directory"; ``DELTA_METADATA_CHANGED``).
+CREATED_BY_ANOTHER = (
+    "ALREADY_EXISTS",
+    "AlreadyExists",
+    "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
+    "DELTA_PROTOCOL_CHANGED",
+    "ProtocolChangedException",
+    "DELTA_METADATA_CHANGED",
+    "MetadataChangedException",
+)
+# How long a table another run is creating by name is waited for to appear in the catalog.
+CREATED_WAIT_S = 10.0
 
 
 class TableAccessError(RuntimeError):
@@ -267,8 +286,17 @@ class SparkTable:
     ) -> None:
         """By name: create the table (``schema``, made nullable as a first append makes it;
         ``properties``) when it does not exist yet, as its first write needs; by path nothing
-        (the first append creates it). Two runs creating it at once both go on: the catalog's
-        IF NOT EXISTS lets the second find the first's table."""
+        (the first append creates it).
+
+        Two runs creating it at once both go on to their appends, which the pipeline's fence
+        orders like any two (one commits, the other is fenced): the second's statement finds
+        the first's table in the catalog (IF NOT EXISTS, or the catalog's refusal), or finds the
+        first's Delta log and not yet its catalog entry (:data:`CREATED_BY_ANOTHER`), and then
+        waits, briefly, for that entry. Neither is a failure of this run's: before, the second
+        ended in Delta's raw error (``DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION``), a stuck
+        state, or was fenced with a sentence naming no commit (three and nine of twelve
+        creations by two threads at once). A location with a Delta log that no table of the
+        catalog comes to name is not a race: Spark's error is raised."""
         if self.name is None:
             return
         columns = ", ".join(
@@ -281,9 +309,25 @@ class SparkTable:
         try:
             self.spark.sql(statement).collect()
         except Exception as exc:
-            if "ALREADY_EXISTS" in str(exc) or "AlreadyExists" in str(exc):
-                return  # a concurrent run created it between the check and the statement
-            raise self._failed(exc, "create") from None
+            text = f"{type(exc).__name__}: {exc}"
+            if not any(mark in text for mark in CREATED_BY_ANOTHER) or not self._appears():
+                raise self._failed(exc, "create") from None
+            log.info(
+                "table %s was created by a concurrent run (%s): appending to it",
+                self.name,
+                text.splitlines()[0][:200],
+            )
+
+    def _appears(self, wait_s: float = CREATED_WAIT_S) -> bool:
+        """Whether the table by name is in the catalog, or comes to be within ``wait_s`` (a
+        concurrent creation registers it right after writing its log)."""
+        assert self.name is not None
+        deadline = time.monotonic() + wait_s
+        while not self.spark.catalog.tableExists(self.name):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def merge(self, frame: DataFrame, statement: Callable[[str], str]) -> None:
         """MERGE ``frame`` into the table: ``statement(view)`` is the ``MERGE INTO`` SQL of
