@@ -519,4 +519,9 @@ def test_delta_jars_default_honours_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(cli.JARS_ENV, "/some/jars")
     assert cli.parse_args([]).delta_jars == "/some/jars"
     monkeypatch.delenv(cli.JARS_ENV)
+    # Without it, the jars scripts/bootstrap fetched through Maven (none in an empty cache).
+    from kafka_delta_dev.connector_jars import local_folder
+
+    assert cli.default_delta_jars() == local_folder()[0]
+    monkeypatch.setenv("KAFKA_DELTA_JAR_CACHE", "/nonexistent/cache")
     assert cli.default_delta_jars() is None

@@ -55,5 +55,7 @@ def test_the_generated_readme_names_each_engine_doc_once(tmp_path: Path) -> None
     counts = {name: named.count(name) for name in docs}
     assert all(n == 1 for n in counts.values()), counts
     assert set(named) <= set(docs), sorted(set(named) - set(docs))
-    # A guide, not the reference: the reference grows in engine/docs/.
-    assert len(readme.splitlines()) <= 260, len(readme.splitlines())
+    # A guide, not the reference: the reference grows in engine/docs/. About 250 lines of
+    # guide, plus the sections a way to run it brings (on a cluster: 20 lines, its detail in
+    # operations.md).
+    assert len(readme.splitlines()) <= 300, len(readme.splitlines())
