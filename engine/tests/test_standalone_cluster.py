@@ -470,7 +470,8 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
             run.wait()
     out = log.read_text(errors="replace")
     lost = re.findall(r"Lost task .*ExecutorLostFailure", out)
-    assert len(kills) >= 6 and len(lost) >= 5, (kills, lost, out[-4000:])
+    # Five kills at least (the orphan hunt adds none when those five already left a file).
+    assert len(kills) >= 5 and len(lost) >= 5, (kills, lost, out[-4000:])
     assert f"spark: master {spark_cluster.master_url}, executors' Python {nodes_python}\n" in out
     assert_exactly_once(cfg, producer.produced)
     _assert_dead_letters(config, producer.bad)

@@ -221,6 +221,31 @@ def test_a_restore_read_again_from_the_restored_offsets_passes(whole, tmp_path, 
     assert "ok    rows: 39 rows" in out and "ok    kafka: 40 records read back" in out
 
 
+def test_after_log_cleanup_a_fence_seq_that_jumps_to_the_bound_past_a_restore_passes(
+    whole, tmp_path, capsys
+) -> None:
+    """Once log cleanup has removed version 0, the delta-spark sink takes the bound ``newest
+    version + 1`` for the fence Delta stores: after a RESTORE its next seq jumps past seqs no
+    commit ever had (ops harness, seed 383: 'clean_log ... restore ... race', 9 -> 12)."""
+    cfg, topic = whole
+    _commit(cfg, topic, 2, 3, 20, 30)  # version 2
+    table = DeltaTable(cfg.delta.table)
+    table.create_checkpoint()
+    log = Path(cfg.delta.table) / "_delta_log"
+    for version in (0, 1):  # log cleanup: the history starts at version 2
+        (log / f"{version:020d}.json").unlink()
+    _commit(cfg, topic, 3, 4, 30, 35)  # version 3
+    DeltaTable(cfg.delta.table).restore(2)  # version 4 undoes seq 4
+    # The next commit reads version 4 as the newest: its fence bound is 5, its seq 6.
+    _commit(cfg, topic, 3, 6, 30, 40)  # version 5
+    _push_group(cfg, {topic: {0: 40}})
+    status, out = _verify(cfg, tmp_path, capsys)
+    assert status == 0, out
+    assert "log retained from version 2" in out
+    # The dead letter at offset 5 was sent by a commit log cleanup removed: not judged.
+    assert "1 dead letters, all inside the committed ranges (1 below the first retained " in out
+
+
 def test_a_restore_by_time_fails_verify_with_one_sentence(whole, tmp_path, capsys) -> None:
     cfg, _ = whole
     table = DeltaTable(cfg.delta.table)

@@ -171,9 +171,15 @@ def _where(commit: PipelineCommit) -> str:
     return f"version {commit.version} (batch {r.batch_id} of {r.app_id})"
 
 
-def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ranges:
+def walk(
+    commits: list[PipelineCommit], undone_seqs: Collection[int] = (), history_start: int = 0
+) -> Ranges:
     """Check the commits in effect (oldest first) and collect their ranges. ``undone_seqs``:
-    the fence seqs of commits a RESTORE undid, which the seq count may pass over."""
+    the fence seqs of commits a RESTORE undid, which the seq count may pass over.
+    ``history_start``: the oldest version the log still holds. Once log cleanup has removed
+    version 0, the delta-spark sink can no longer read the fence Delta stores and takes the bound
+    ``newest version + 1`` for it (the delta-spark offset store's ``transaction_version``), so
+    its seq may jump, though never past its own commit's version + 1."""
     out = Ranges()
     ends: dict[TP, int] = {}
     batches: dict[tuple[str, int], int] = {}
@@ -187,6 +193,7 @@ def walk(commits: list[PipelineCommit], undone_seqs: Collection[int] = ()) -> Ra
             and r.seq
             and r.seq != previous_seq + 1
             and (r.seq <= previous_seq or any(s not in undone_seqs for s in skipped))
+            and not (history_start > 0 and r.seq <= commit.version + 1)
         ):
             out.problems.append(
                 f"the pipeline's commit count (fence seq) jumps from {previous_seq} to {r.seq} "
@@ -560,16 +567,24 @@ def count_unfilled(
 
 
 def check_dead_letters(
-    dead: Positions | None, ranges: Ranges, stored: Offsets
+    dead: Positions | None, audit: Audit, stored: Offsets
 ) -> tuple[list[str], str]:
-    """(problems, summary) of the dead letters' positions against the committed ranges."""
+    """(problems, summary) of the dead letters' positions against the committed ranges. Those
+    below a partition's first retained commit are not judged, as rows are not (log cleanup
+    removed the commits that sent them)."""
     if dead is None:
         return [], "no dead-letter table"
+    ranges = audit.ranges
     problems: list[str] = []
     pending = 0
+    unchecked = 0
     for (t, p), offsets in sorted(dead.offsets.items()):
         end = stored.get(t, {}).get(p)
-        for o in offsets.to_pylist():
+        judged = audit.checked((t, p), offsets).to_pylist() if len(offsets) else []
+        for o, judge in zip(offsets.to_pylist(), judged, strict=True):
+            if not judge:
+                unchecked += 1
+                continue
             if ranges.covers((t, p), o):
                 continue
             if end is None or o >= end:
@@ -580,6 +595,8 @@ def check_dead_letters(
                 "committed (the table's offsets skipped it)"
             )
     summary = f"{dead.rows} dead letters, all inside the committed ranges"
+    if unchecked:
+        summary += f" ({unchecked} below the first retained commit of their partition: not checked)"
     if pending:
         summary += f" ({pending} beyond the stored offsets: from a batch not committed yet)"
     return problems, summary
@@ -894,7 +911,7 @@ def run_verify(
         )
         checks.append(("topics", [], same))
 
-    ranges = walk(commits, {c.record.seq for c in effect.undone if c.record.seq})
+    ranges = walk(commits, {c.record.seq for c in effect.undone if c.record.seq}, history_start)
     notes += ranges.notes
     spans = sum(len(v) for v in ranges.spans.values())
     summary = (
@@ -966,7 +983,7 @@ def run_verify(
                 "table: transaction markers or compacted records, or lost rows "
                 "(--against-kafka tells them apart)"
             )
-    checks.append(("dead letters", *check_dead_letters(dead, ranges, stored.offsets)))
+    checks.append(("dead letters", *check_dead_letters(dead, audit, stored.offsets)))
 
     if against_kafka:
         if main is None:
