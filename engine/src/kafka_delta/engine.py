@@ -55,11 +55,15 @@ upsert's MERGE source, the dead-letter records)."""
 
 @dataclass(frozen=True)
 class SinkResult:
-    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed)."""
+    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed);
+    ``read_back_s``: of the commit's time, the seconds spent reading the table's log back to
+    prove the commit is this batch's (the delta-spark sink; 0.0 where the commit itself returns
+    its version), so the batch's progress can tell the log reads from the write."""
 
     written: bool
     rows: int
     delta_version: int | None
+    read_back_s: float = 0.0
 
 
 @dataclass(frozen=True)

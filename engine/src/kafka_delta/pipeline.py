@@ -42,7 +42,7 @@ from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
 from kafka_delta.kafka.outage import KafkaOutage, kafka_down
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from kafka_delta.offsets.topic_identity import recreated_while_running
-from kafka_delta.progress.batch import BatchProgress, ProgressListener
+from kafka_delta.progress.batch import BatchProgress, ProgressListener, StepClock, steps_text
 from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
@@ -548,20 +548,24 @@ class Pipeline:
             self._gate.leave(batch_id, succeeded=succeeded)
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
-        """One micro-batch, as steps; each table's the same (one table: a list of one)."""
+        """One micro-batch, as steps; each table's the same (one table: a list of one). Each
+        step is timed (:class:`.progress.batch.StepClock`) into the batch's progress."""
         started = time.perf_counter()
-        end, shares = self._plan_ends(df, batch_id)
-        self._fence(shares)
+        clock = StepClock()
+        with clock.step("plan"):
+            end, shares = self._plan_ends(df, batch_id)
+        with clock.step("check"):
+            self._fence(shares)
         with self._read_once(df, shares) as (records, observation):
             for n, share in enumerate(shares):
                 if n:
                     # A crash here leaves the batch in the tables before this one only.
                     crash_point("between_tables")
                 if not share.replayed:
-                    self._write_table(share, records)
+                    self._write_table(share, records, clock)
         crash_point("after_delta_commit")
         group = self._store_ends(shares, end)
-        self._report(batch_id, shares, end, group, observation, started)
+        self._report(batch_id, shares, end, group, observation, started, clock)
 
     def _plan_ends(self, df: DataFrame, batch_id: int) -> tuple[Offsets, list[TableBatch]]:
         """The batch's end offsets, as the checkpoint planned them, and each table's share of
@@ -619,20 +623,28 @@ class Pipeline:
             if records is not observed:
                 records.unpersist()
 
-    def _write_table(self, share: TableBatch, batch_records: DataFrame) -> None:
+    def _write_table(
+        self, share: TableBatch, batch_records: DataFrame, clock: StepClock | None = None
+    ) -> None:
         """Transform, write and commit one table's share of the batch: its records (topic
         routing, less what it holds), the transform's output, its dead letters, then its one
-        Delta commit."""
+        Delta commit. ``clock`` times the steps (``materialize`` up to the commit, ``commit``,
+        and of the commit the sink's ``read_back``)."""
+        clock = clock or StepClock()
         run = share.run
-        records = without_held(
-            table_input(batch_records, run, self.config.kafka.topics), share.skipped
-        )
-        out = self._transform(run, records)
-        written = run.engine.sink.materialize(out)
+        with clock.step("materialize"):
+            records = without_held(
+                table_input(batch_records, run, self.config.kafka.topics), share.skipped
+            )
+            out = self._transform(run, records)
+            written = run.engine.sink.materialize(out)
         try:
-            share.dead_letters = self._send_dead_letters(share, records, written)
+            with clock.step("materialize"):
+                share.dead_letters = self._send_dead_letters(share, records, written)
             crash_point("before_delta_commit")
-            share.result = self._commit(share, written)
+            with clock.step("commit"):
+                share.result = self._commit(share, written)
+            clock.add("read_back", share.result.read_back_s)
         finally:
             written.release()
         if share.result.written:
@@ -693,9 +705,11 @@ class Pipeline:
         group: Offsets,
         observation: Observation | None,
         started: float,
+        clock: StepClock | None = None,
     ) -> None:
-        """The batch's progress (each table's share, of several tables), then the commit back
-        and the progress line (:meth:`_deliver`), in the process that started the run."""
+        """The batch's progress (each table's share, of several tables; its steps' times),
+        then the commit back and the progress line (:meth:`_deliver`), in the process that
+        started the run."""
         written = [s.result for s in shares if s.result.written]
         result = SinkResult(
             written=bool(written),
@@ -718,7 +732,9 @@ class Pipeline:
             for s in shares
             if s.run.commit_name is not None
         }
-        progress = replace(progress, tables=tables or None)
+        progress = replace(
+            progress, tables=tables or None, steps=clock.figures() if clock is not None else None
+        )
         report = BatchReport(progress, group)
         if self._worker:  # the Connect server's process: the run's own process delivers it
             assert self._mailbox is not None
@@ -837,7 +853,7 @@ class Pipeline:
             return
         log.info(
             "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
-            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f%s",
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f%s%s",
             p.batch_id,
             read,
             p.rows_written,
@@ -848,6 +864,7 @@ class Pipeline:
             target,
             back,
             p.hook_ms,
+            steps_text(p.steps),
             _per_table(p),
         )
 

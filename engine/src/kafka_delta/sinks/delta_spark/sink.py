@@ -48,6 +48,7 @@ commit (:mod:`.commit_copies`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -334,7 +335,9 @@ class DeltaSparkSink:
                 raise
             first = str(exc).splitlines()[0][:200]
             log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, first)
+        read_back = time.perf_counter()
         after_log, after = self._stored(commit, start)
+        read_back_s = time.perf_counter() - read_back
         if after is not None and (after.app_id, after.batch_id, after.seq) == (
             commit.app_id,
             commit.batch_id,
@@ -350,13 +353,18 @@ class DeltaSparkSink:
             if count is None:
                 assert after_log is not None
                 count = self._rows_committed(after.delta_version, frame, after_log)
-            return SinkResult(written=True, rows=count, delta_version=after.delta_version)
+            return SinkResult(
+                written=True,
+                rows=count,
+                delta_version=after.delta_version,
+                read_back_s=read_back_s,
+            )
         if self._is_replay(after, commit):
             # A concurrent run of this checkpoint committed the same batch first.
             log.info(
                 "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
             )
-            return SinkResult(written=False, rows=0, delta_version=None)
+            return SinkResult(written=False, rows=0, delta_version=None, read_back_s=read_back_s)
         raise FencingError(
             f"batch {commit.batch_id} of pipeline {commit.pipeline_id!r} lost to a concurrent "
             f"run: the table's newest commit of the pipeline is "
