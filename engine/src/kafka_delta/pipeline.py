@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -35,7 +35,7 @@ from pyspark.sql.streaming import StreamingQuery
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
-from kafka_delta.engine import Engine, Materialized, Sink, SinkResult, Source
+from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
@@ -165,6 +165,37 @@ class RunningTotal:
 
     def __repr__(self) -> str:
         return f"RunningTotal(count={self.count}, total={self.total})"
+
+
+class BatchRead:
+    """The batch's records as its tables read them, read from Kafka once for all of them
+    (persisted while more than one writes), and the count of what was read: observed while
+    the sinks' own jobs run (no extra job); a batch every table has (a replay) reads nothing,
+    so nothing is observed."""
+
+    def __init__(self, df: DataFrame, writing: int) -> None:
+        self.df = df
+        self.writing = writing
+        self._observe()
+
+    def _observe(self) -> None:
+        self.observation: Observation | None = Observation() if self.writing else None
+        observed = (
+            self.df
+            if self.observation is None
+            else self.df.observe(self.observation, F.count(F.lit(1)).alias("records"))
+        )
+        self.records = observed.persist() if self.writing > 1 else observed
+
+    def renew(self) -> None:
+        """Observe the records afresh: a job that failed part way (a clean write that met a
+        dead letter) filled the observation with what its finished tasks had counted."""
+        self.release()
+        self._observe()
+
+    def release(self) -> None:
+        if self.writing > 1:
+            self.records.unpersist()
 
 
 @dataclass
@@ -556,16 +587,19 @@ class Pipeline:
             end, shares = self._plan_ends(df, batch_id)
         with clock.step("check"):
             self._fence(shares)
-        with self._read_once(df, shares) as (records, observation):
+        read = BatchRead(df, writing=sum(not s.replayed for s in shares))
+        try:
             for n, share in enumerate(shares):
                 if n:
                     # A crash here leaves the batch in the tables before this one only.
                     crash_point("between_tables")
                 if not share.replayed:
-                    self._write_table(share, records, clock)
+                    self._write_table(share, read, clock)
+        finally:
+            read.release()
         crash_point("after_delta_commit")
         group = self._store_ends(shares, end)
-        self._report(batch_id, shares, end, group, observation, started, clock)
+        self._report(batch_id, shares, end, group, read.observation, started, clock)
 
     def _plan_ends(self, df: DataFrame, batch_id: int) -> tuple[Offsets, list[TableBatch]]:
         """The batch's end offsets, as the checkpoint planned them, and each table's share of
@@ -601,52 +635,52 @@ class Pipeline:
             )
             share.replayed = run.engine.sink.check(share.commit, share.start, share.firsts)
 
-    @contextmanager
-    def _read_once(
-        self, df: DataFrame, shares: Sequence[TableBatch]
-    ) -> Iterator[tuple[DataFrame, Observation | None]]:
-        """The batch's records, read from Kafka once for the tables that write it (persisted
-        while more than one does), and the count of what was read: observed while the sinks'
-        own jobs run (no extra job); a batch every table has (a replay) reads nothing, so
-        nothing is observed."""
-        writing = sum(not s.replayed for s in shares)
-        observation = Observation() if writing else None
-        observed = (
-            df
-            if observation is None
-            else df.observe(observation, F.count(F.lit(1)).alias("records"))
-        )
-        records = observed.persist() if writing > 1 else observed
-        try:
-            yield records, observation
-        finally:
-            if records is not observed:
-                records.unpersist()
-
     def _write_table(
-        self, share: TableBatch, batch_records: DataFrame, clock: StepClock | None = None
+        self, share: TableBatch, read: BatchRead, clock: StepClock | None = None
     ) -> None:
         """Transform, write and commit one table's share of the batch: its records (topic
         routing, less what it holds), the transform's output, its dead letters, then its one
         Delta commit. ``clock`` times the steps (``materialize`` up to the commit, ``commit``,
-        and of the commit the sink's ``read_back``)."""
+        and of the commit the sink's ``read_back``).
+
+        A sink may write a batch as clean in its commit's own job (the delta-spark sink's
+        append, :class:`~.engine.DeadLettersFound`): when the batch holds a dead letter after
+        all, that write fails before its commit, nothing is committed, and the table's share
+        is done again the way every batch once was: checked again, materialized with its dead
+        letters split off, the dead letters sent, then the commit; the records are observed
+        afresh (the failed job counted part of them)."""
         clock = clock or StepClock()
         run = share.run
-        with clock.step("materialize"):
-            records = without_held(
-                table_input(batch_records, run, self.config.kafka.topics), share.skipped
-            )
-            out = self._transform(run, records)
-            written = run.engine.sink.materialize(out)
-        try:
+        sink = run.engine.sink
+        split = False
+        while True:
             with clock.step("materialize"):
-                share.dead_letters = self._send_dead_letters(share, records, written)
-            crash_point("before_delta_commit")
-            with clock.step("commit"):
-                share.result = self._commit(share, written)
-            clock.add("read_back", share.result.read_back_s)
-        finally:
-            written.release()
+                records = without_held(
+                    table_input(read.records, run, self.config.kafka.topics), share.skipped
+                )
+                out = self._transform(run, records)
+                written = sink.materialize(out, split=split)
+            try:
+                with clock.step("materialize"):
+                    share.dead_letters = self._send_dead_letters(share, records, written)
+                crash_point("before_delta_commit")
+                with clock.step("commit"):
+                    share.result = self._commit(share, written)
+                clock.add("read_back", share.result.read_back_s)
+            except DeadLettersFound as found:
+                if split:
+                    raise
+                log.info("%s%s", found, f" (table {run.name})" if run.name else "")
+                split = True
+                read.renew()
+                with clock.step("check"):
+                    share.replayed = sink.check(share.commit, share.start, share.firsts)
+                if share.replayed:
+                    return
+                continue
+            finally:
+                written.release()
+            break
         if share.result.written:
             run.joining = False
 
