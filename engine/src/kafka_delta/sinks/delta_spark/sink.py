@@ -90,7 +90,7 @@ from kafka_delta.sinks.dead_letters import (
     split_dead_letters_df,
 )
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.offset_store import TableLogReader
+from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog, TableLogReader
 from kafka_delta.sinks.delta_spark.table import SparkTable, quoted_part
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
@@ -101,8 +101,9 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
-# How many of the newest commits are searched for a batch's own, for its metrics (other
-# writers may have committed after it); beyond them the rows are counted with a Spark job.
+# How many of the newest commits are searched for a batch's own, for its metrics, when the
+# history the read-back read does not hold it (other writers committed after it); beyond them
+# the rows are counted with a Spark job.
 METRICS_LOOKBACK = 10
 # After a batch with dead letters, this many batches are split before their write (cached, the
 # dead letters collected first) instead of written as clean (see the module docstring).
@@ -274,11 +275,14 @@ class DeltaSparkSink:
 
     def _rows_committed(self, version: int, frame: DataFrame, table_log: TableLog) -> int:
         """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
-        from the history page the read-back just read (no second reading of the log); counted
-        with a Spark job only when the writer recorded no metrics (``spark.databricks.delta.
-        history.metricsEnabled`` off)."""
-        newest = table_log.history(METRICS_LOOKBACK)
-        entry = next((e for e in newest if e.get("version") == version), None)
+        from the history the read-back just read, where it found the commit (no second reading
+        of the log); counted with a Spark job only when the writer recorded no metrics
+        (``spark.databricks.delta.history.metricsEnabled`` off)."""
+        read = table_log.read_so_far() if isinstance(table_log, DeltaSparkLog) else ()
+        entry = next((e for e in read if e.get("version") == version), None)
+        if entry is None:
+            newest = table_log.history(METRICS_LOOKBACK)
+            entry = next((e for e in newest if e.get("version") == version), None)
         metrics = entry.get("operationMetrics") if entry is not None else None
         if isinstance(metrics, dict) and str(metrics.get("numOutputRows", "")).isdigit():
             return int(metrics["numOutputRows"])
