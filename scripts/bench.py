@@ -15,8 +15,8 @@ Rows, each measured in its own process tree (records/s, wall seconds, start-up, 
    commit, fencing, commit-back hook);
 5. the same pipeline with that machinery off;
 6. the pipeline on the delta-spark sink (engine {source: embedded, sink: delta_spark}),
-   exactly-once on, with the jars of --delta-jars (default $KAFKA_DELTA_JARS); without jars the
-   row says so and is skipped;
+   exactly-once on, with the connector jars of --delta-jars (default $KAFKA_DELTA_JARS, else the
+   jars scripts/bootstrap resolved); without jars the row says so and is skipped;
 7. the plain idempotent foreachBatch write on delta-spark (txnAppId/txnVersion), same jars;
 8. row 4 on the same events as Confluent-framed Avro (development Schema Registry);
 9. row 3 on those Avro events (fastavro);
@@ -27,7 +27,16 @@ Rows, each measured in its own process tree (records/s, wall seconds, start-up, 
     ``route: event_type = 'paid'``), exactly-once on, against the two single-table pipelines
     that fill the same tables by reading the topic twice (every event; the paid orders alone),
     all three last in the session's Spark session below (no Spark start of its own), on the
-    main rows' events and batch size. Every table is checked (``paid``: each paid order once).
+    main rows' events and batch size. Every table is checked (``paid``: each paid order once);
+12. hand-written Structured Streaming, what a Databricks user writes: ``readStream`` of Spark's
+    kafka source, ``from_json`` with the events' schema, ``writeStream`` of Delta's own sink;
+13. the same read, each batch written by ``foreachBatch`` as Databricks documents an idempotent
+    write (txnAppId/txnVersion);
+14. the pipeline on the cluster engine (Spark's kafka source, delta-spark sink).
+    Rows 12-14 need Spark's kafka source among the jars; they read with the Java client's own
+    fetch.max.wait.ms unless --jvm-fetch-max-wait-ms sets it (the embedded broker holds each
+    fetch that long, a quirk rows 4-11 avoid through conf/local.yaml). The delta-spark rows run
+    in the order 12, 6, 7, 13, 14, so that drift touches the ratios of row 6 least.
 
 records/s is steady state: from the end of the first batch (row 1: from creating the consumers)
 to the end of the run, so JVM start, Python imports and warm-up are excluded; start-up is reported
@@ -38,8 +47,18 @@ over batch sizes (10k..500k records, scaled down for small --records) and partit
 memory runs measure the driver's peak RSS with --rss-batch-sizes batches and its RSS batch by
 batch over --memory-batches batches. Scale runs, off by default: --wide-topics 8 (a sweep
 point over 8 topics, --wide-partitions 64 in all) and --many-batches 2000 (the cost of a steady
-batch at the start of a long run against its end, as the table's versions grow). Output in
---out: bench.csv, bench.png, logs/.
+batch at the start of a long run against its end, as the table's versions grow: on the delta-rs
+sink in the session; on the delta-spark sink, in a process of its own, with --many-batches-sink
+delta_spark or both, where it also sets the sink's log reads at the start against the end).
+Output in --out: bench.csv, bench.png, logs/.
+
+Why per-step figures: reading the table's log through Spark (I14: ``DESCRIBE HISTORY``) is a
+Spark job each time, and it must cost the same in batch 2,000 as in batch 2. Rows 6 and 14 print
+what a steady batch spends reading the log (the check before the write, the read-back after it)
+apart from the Delta write, from the engine's own step timings (each batch's progress record's
+``steps``, kafka_delta.progress.batch.StepClock: clock reads around calls the batch makes
+anyway, no Spark job); the CSV holds them as steady_check_s, steady_read_back_s,
+steady_log_read_s, steady_write_s and steady_materialize_s.
 
 The LAST line is machine-checkable (nan: not measured by this run, e.g. with --no-sweep):
 
@@ -47,9 +66,12 @@ The LAST line is machine-checkable (nan: not measured by this run, e.g. with --n
 us_per_record=<M> startup_s=<S> overhead_pct=<O> driver_rss_ratio=<R> delta_spark_rps=<D> \
 delta_spark_to_plain=<D/P> avro_ratio_to_simple=<A> pipeline_to_ceiling=<X/C> \
 startup_over_floor_s=<S-FF> fixed_over_floor_s=<F-FB> two_tables_to_two_pipelines=<T> \
-fixed_over_python_floor_s=<F-FP>
+fixed_over_python_floor_s=<F-FP> delta_spark_to_stream=<D/H> delta_spark_to_foreach_batch=<D/HF> \
+cluster_to_stream=<K/H> delta_spark_log_read_s=<L>
 
-X, Z, D, P, C: rows 4, 3, 6, 7, 10; F, M: the sweep's fit at 4 partitions; S: row 4's start-up;
+X, Z, D, P, C, H, HF, K: rows 4, 3, 6, 7, 10, 12, 13, 14; L: row 6's steady batch's log reads
+through Spark (check + read-back, seconds, from the engine's step timings); F, M: the sweep's
+fit at 4 partitions; S: row 4's start-up;
 O = (row 5 - row 4) / row 5 x 100; R = the Python driver's peak RSS with the largest
 --rss-batch-sizes batches over that with the smallest; A = row 8 / row 9; FF, FB: Spark's floor
 (first batch from process start, cost of a later batch), taken in row 10's process; FP: the

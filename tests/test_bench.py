@@ -33,7 +33,11 @@ LAST_LINE = re.compile(
     rf"startup_over_floor_s=(?P<startup_over_floor>{NUMBER}) "
     rf"fixed_over_floor_s=(?P<fixed_over_floor>{NUMBER}) "
     rf"two_tables_to_two_pipelines=(?P<fan_out>{NUMBER}) "
-    rf"fixed_over_python_floor_s=(?P<fixed_over_python_floor>{NUMBER})$"
+    rf"fixed_over_python_floor_s=(?P<fixed_over_python_floor>{NUMBER}) "
+    rf"delta_spark_to_stream=(?P<delta_spark_to_stream>{NUMBER}) "
+    rf"delta_spark_to_foreach_batch=(?P<delta_spark_to_foreach_batch>{NUMBER}) "
+    rf"cluster_to_stream=(?P<cluster_to_stream>{NUMBER}) "
+    rf"delta_spark_log_read_s=(?P<delta_spark_log_read>{NUMBER})$"
 )
 
 
@@ -76,7 +80,9 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     result, figures = _bench(
         TINY,
         tmp_path,
-        timeout=600,
+        # Fourteen rows, eight of them Spark processes of their own (rows 6, 7 and 12-14 with
+        # the connector jars), then the session.
+        timeout=1200,
     )
     elapsed = time.monotonic() - started
     last = str(figures)
@@ -96,16 +102,20 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     assert figures["ratio"] == pytest.approx(
         figures["pipeline"] / figures["simple"], rel=0.01, abs=1e-4
     )
-    if jars:
-        assert figures["delta_spark"] > 0, last
-        assert figures["delta_spark_to_plain"] > 0, last
-    else:
-        assert math.isnan(figures["delta_spark"]), last
-        assert math.isnan(figures["delta_spark_to_plain"]), last
+    delta_spark_figures = (
+        "delta_spark",
+        "delta_spark_to_plain",
+        "delta_spark_to_stream",
+        "delta_spark_to_foreach_batch",
+        "cluster_to_stream",
+        "delta_spark_log_read",
+    )
+    for key in delta_spark_figures:
+        assert (figures[key] > 0) if jars else math.isnan(figures[key]), (key, last)
 
     table = _csv(tmp_path)
     main = [r for r in table if r["section"] == "main"]
-    assert sorted(int(r["row"]) for r in main) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert sorted(int(r["row"]) for r in main) == list(range(1, 15))
     # Rows 8 and 9: the same events as Confluent-framed Avro behind the development registry.
     rps = {int(r["row"]): float(r["records_per_s"]) for r in main if r["verified"] == "True"}
     assert figures["avro_ratio"] == pytest.approx(rps[8] / rps[9], rel=0.01), last
@@ -139,8 +149,24 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
     )
     if jars:  # row 7: the plain foreachBatch write the delta-spark sink is measured against
         assert figures["delta_spark_to_plain"] == pytest.approx(rps[6] / rps[7], rel=0.01), last
+        # ... and rows 12, 13: Structured Streaming as a user writes it by hand.
+        assert figures["delta_spark_to_stream"] == pytest.approx(rps[6] / rps[12], rel=0.01)
+        assert figures["delta_spark_to_foreach_batch"] == pytest.approx(rps[6] / rps[13], rel=0.01)
+        assert figures["cluster_to_stream"] == pytest.approx(rps[14] / rps[12], rel=0.01)
+        # The engine's own step timings of the delta-spark pipelines' steady batches: the log
+        # reads (check + read-back) apart from the write, in the CSV and the last line.
+        for number in ("6", "14"):
+            (timed,) = [r for r in main if r["row"] == number]
+            check, back = float(timed["steady_check_s"]), float(timed["steady_read_back_s"])
+            assert check > 0 and back > 0 and float(timed["steady_write_s"]) > 0, timed
+            assert float(timed["steady_log_read_s"]) == pytest.approx(check + back, abs=2e-4)
+        (six,) = [r for r in main if r["row"] == "6"]
+        assert figures["delta_spark_log_read"] == pytest.approx(
+            float(six["steady_log_read_s"]), abs=1e-4
+        )
+        assert "the sink's log reads" in result.stdout, result.stdout
     for row in main:
-        if row["row"] in ("6", "7") and not jars:
+        if row["row"] in ("6", "7", "12", "13", "14") and not jars:
             assert row["verified"] == "skipped" and "no delta-spark jars" in row["note"], row
             continue
         assert row["verified"] == "True", row
@@ -148,7 +174,7 @@ def test_tiny_benchmark_prints_every_figure_and_verifies_every_row(tmp_path: Pat
         assert float(row["records_per_s"]) > 0, row
         if row["row"] != "11":  # row 11 runs in the session's process: no RSS of its own
             assert float(row["peak_rss_mb"]) > 0, row
-        if 2 <= int(row["row"]) <= 9 or row["row"] == "11":  # each id exactly once
+        if 2 <= int(row["row"]) <= 9 or int(row["row"]) >= 11:  # each id exactly once
             assert int(row["distinct_ids"]) == 3000, row
     for row in (r for r in main if int(r["row"]) in (4, 5, 6, 7, 8) and r["verified"] == "True"):
         assert float(row["startup_s"]) > 0, row
@@ -284,6 +310,38 @@ def test_a_long_run_compares_its_first_and_last_steady_batches() -> None:
         "growth_pct": 50.0,
     }
     assert report.many_batch_costs(batches[:2]) == {}  # one steady batch: nothing to compare
+    # With the engine's step timings (rows 6 and 14): the sink's log reads at the start and
+    # the end, apart from the write; here the check stays flat and the read-back doubles.
+    timed = [
+        [*b, None, None, {"check": 0.1, "read_back": back, "commit": 0.3, "materialize": 0.2}]
+        for b, back in zip(batches, (0.1, 0.1, 0.1, 0.2, 0.2), strict=True)
+    ]
+    costs = report.many_batch_costs(timed, window=2)
+    assert (costs["first_log_read_s"], costs["last_log_read_s"]) == (0.2, 0.3)
+    assert (costs["first_check_s"], costs["last_check_s"]) == (0.1, 0.1)
+    assert (costs["first_write_s"], costs["last_write_s"]) == (0.2, 0.1)
+    assert costs["log_read_growth_pct"] == 50.0
+    assert "the sink's log reads 0.200 -> 0.300 s (+50.0%" in report.many_batch_text(
+        rows.Row(0, "many", 400, 100, extra=costs)
+    )
+
+
+def test_a_steady_batch_splits_into_the_engines_own_steps() -> None:
+    # Batch records as spark_run.BATCH: the steps are the engine's progress record's; the
+    # first batch (start-up) is left out, a batch the engine did not time gives nothing.
+    steps = {"plan": 0.01, "check": 0.12, "materialize": 1.0, "commit": 1.5, "read_back": 0.1}
+    batches = [[1.0, 5, 9.0, 8.0, None, None, {"check": 9.0}]]
+    batches += [[2.0, 5, 2.7, 1.5, None, None, steps], [3.0, 5, 2.7, 1.5, None, None, steps]]
+    assert rows.step_split(batches) == {
+        "steady_check_s": 0.12,
+        "steady_read_back_s": 0.1,
+        "steady_log_read_s": 0.22,
+        "steady_write_s": 1.4,
+        "steady_materialize_s": 1.0,
+        "steady_timed_batches": 2,
+    }
+    assert rows.step_split([b[:6] for b in batches]) == {}
+    assert rows.step_split([[*b[:6], None] for b in batches]) == {}
 
 
 def test_fits_come_from_the_sweep_rows_of_each_partition_count() -> None:
@@ -504,8 +562,8 @@ def test_options_refuse_rows_that_do_not_exist(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         cli.parse_args(["--rows", "4,13"])
     assert "no row [13]" in capsys.readouterr().err
-    # Row 12 (a standalone cluster) runs only when named.
-    assert 12 not in cli.parse_args([]).rows and 12 in cli.parse_args(["--rows", "4,12"]).rows
+    # Row 15 (a standalone cluster) runs only when named.
+    assert 15 not in cli.parse_args([]).rows and 15 in cli.parse_args(["--rows", "4,15"]).rows
     with pytest.raises(SystemExit):
         cli.parse_args(["--floor-batches", "9"])
     assert "--floor-batches must be at least 10" in capsys.readouterr().err

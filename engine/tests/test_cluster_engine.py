@@ -259,7 +259,7 @@ def test_history_is_read_in_growing_pages_past_other_writers(spark) -> None:
     stored = newest_stored_paged(_log(spark, table).history, "orders")
 
     assert stored == StoredOffsets({"orders": {0: 9}}, 70, "orders.q", 3)
-    assert table.limits == [20, 500]
+    assert table.limits == [3, 20, 500]
     few = _log(spark, _History(spark, rows[:5]))
     assert newest_stored_paged(few.history, "orders") is None
 
@@ -444,6 +444,198 @@ def test_a_delta_spark_append_reads_the_history_once_a_step_and_counts_no_rows(
     # A replay is recognised by the same one reading.
     replay, replay_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
     assert replay and len(replay_jobs) == 1, replay_jobs
+
+
+def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table_once_however_old(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a steady batch reads of the table may not grow with its versions: past the first
+    # pages of history (3, 20) and two Delta checkpoints (every 10 commits), the check still
+    # reads ONE small page (3 commits: a history read is a Spark job whose tasks open every
+    # commit file of the page) and the commit ONE page back (never the whole history, never a
+    # second page), and materializing analyses the table once. Every analysis and every
+    # history read brings the snapshot up to date, a listing of the log folder, which on a local
+    # or Hadoop file system costs more the longer the log: their number per batch is what the
+    # sink controls.
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    end = 0
+    for batch in range(21):
+        commit = BatchCommit("p", "p.q", batch, {"o": {0: end + 1}})
+        sink.commit_batch(_ids(spark, end), commit, {"o": {0: end}} if batch else {})
+        end += 1
+    pages: list[int | None] = []
+    analyses: list[str] = []
+    real_history, real_frame = sink.table.history, sink.table.frame
+
+    def history(limit: int | None) -> list[dict[str, object]]:
+        pages.append(limit)
+        return real_history(limit)
+
+    def frame():
+        analyses.append("frame")
+        return real_frame()
+
+    monkeypatch.setattr(sink.table, "history", history)
+    monkeypatch.setattr(sink.table, "frame", frame)
+    steady = BatchCommit("p", "p.q", 21, {"o": {0: end + 2}})
+
+    assert not sink.check(steady, {"o": {0: end}})
+    written = sink.materialize(_ids(spark, end, end + 1))
+    assert analyses == ["frame"], analyses
+    result = sink.commit_batch(written.rows, steady, {"o": {0: end}})
+    written.release()
+
+    assert result.written and result.rows == 2 and result.delta_version == 21
+    assert pages == [3, 3], pages
+    assert result.read_back_s > 0
+    assert len(list((Path(uri) / "_delta_log").glob("*.checkpoint.parquet"))) == 2
+
+
+def _events(spark, ids, bad: tuple[int, ...] = ()):
+    """Decoded rows as the transform hands them over: positions, and ``_error`` set for the
+    ids in ``bad`` (dead letters)."""
+    return spark.createDataFrame(
+        [(i, "o", 0, i, "malformed JSON" if i in bad else None) for i in ids],
+        "id long, topic string, partition int, offset long, _error string",
+    )
+
+
+def test_a_clean_delta_spark_batch_is_read_and_written_by_the_writes_own_job(
+    spark, tmp_path: Path
+) -> None:
+    # A clean append is not cached nor scanned for dead letters by a job of its own: the
+    # write's job reads, transforms and writes it (a dead letter would fail that job before
+    # the commit). So the commit costs what the plain foreachBatch write of the same rows
+    # costs, plus the one page of history read back, and materializing costs no job.
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    plain = str(tmp_path / "plain")
+    sink = new_sink()
+    first = _events(spark, [0]).drop("_error")
+    sink.commit_batch(first, BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
+    first.write.format("delta").option("txnAppId", "x").option("txnVersion", "0").save(plain)
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 4}})
+    assert not sink.check(second, {"o": {0: 1}})
+
+    written, materialize_jobs = spark_jobs(
+        spark, lambda: sink.materialize(_events(spark, [1, 2, 3]))
+    )
+    result, sink_jobs = spark_jobs(
+        spark, lambda: sink.commit_batch(written.rows, second, {"o": {0: 1}})
+    )
+    written.release()
+    _, plain_jobs = spark_jobs(
+        spark,
+        lambda: (
+            _events(spark, [1, 2, 3])
+            .drop("_error")
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", "x")
+            .option("txnVersion", "1")
+            .save(plain)
+        ),
+    )
+
+    assert written.dead is None and materialize_jobs == [], materialize_jobs
+    assert plain_jobs and len(sink_jobs) == len(plain_jobs) + 1, (sink_jobs, plain_jobs)
+    assert result.written and result.rows == 3 and result.delta_version == 1
+    table = spark.read.format("delta").load(uri)
+    assert "_error" not in table.columns
+    assert sorted(r.id for r in table.collect()) == [0, 1, 2, 3]
+
+
+def test_a_batch_written_as_clean_that_holds_a_dead_letter_commits_nothing_and_is_split(
+    spark, tmp_path: Path
+) -> None:
+    from kafka_delta.engine import DeadLettersFound
+    from kafka_delta.sinks.delta_spark.sink import SPLIT_AFTER_DEAD_LETTERS
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    first = _events(spark, [0]).drop("_error")
+    sink.commit_batch(first, BatchCommit("p", "p.q", 0, {"o": {0: 1}}), {})
+    second = BatchCommit("p", "p.q", 1, {"o": {0: 4}})
+    assert not sink.check(second, {"o": {0: 1}})
+    clean = sink.materialize(_events(spark, [1, 2, 3], bad=(2,)))
+    assert clean.dead is None  # handed back to be written as clean
+
+    with pytest.raises(DeadLettersFound, match="batch 1 holds dead letters"):
+        sink.commit_batch(clean.rows, second, {"o": {0: 1}})
+
+    # Nothing of the batch was committed: its rows, its offsets and its fence wait for its
+    # dead letters, as when every batch was split first.
+    assert [r.version for r in spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").collect()] == [0]
+    assert not sink.check(second, {"o": {0: 1}})
+    split = sink.materialize(_events(spark, [1, 2, 3], bad=(2,)), split=True)
+    assert split.dead is not None and split.dead.column("offset").to_pylist() == [2]
+    result = sink.commit_batch(split.rows, second, {"o": {0: 1}})
+    split.release()
+    assert result.written and result.rows == 2 and result.delta_version == 1
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [0, 1, 3]
+    # The next batches are split before their write, not tried as clean first...
+    for n in range(SPLIT_AFTER_DEAD_LETTERS):
+        later = sink.materialize(_events(spark, [10 + n]))
+        assert later.dead is None and "InMemoryRelation" in _plan(later.rows), n
+        later.release()
+    # ... until as many clean ones have passed.
+    assert "InMemoryRelation" not in _plan(sink.materialize(_events(spark, [99])).rows)
+
+
+@pytest.mark.broker
+def test_a_dead_letter_after_clean_batches_lands_once_and_every_batch_counts_what_it_read(
+    spark, kafka_bootstrap, new_topics, make_config, tmp_path: Path
+) -> None:
+    # Batch 0 is written as clean in one job; batch 1 holds a record the decoder rejects, so
+    # its clean write fails before its commit and the batch is checked, split, its dead letter
+    # sent and committed; batch 2 is split from the start. Every record lands exactly once,
+    # the dead letter once, and each batch's progress counts the records it read (the failed
+    # job's partial count is not taken).
+    import json as _json
+
+    from deltalake import DeltaTable
+
+    from kafka_delta.pipeline import Pipeline
+    from kafka_delta_dev.produce import produce_values
+
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, engine)
+    (topic,) = new_topics(1, partitions=1)
+    event = {"event_type": "paid", "amount": 1.5, "event_time": "2026-01-01T00:00:00Z"}
+    values = [_json.dumps({**event, "id": i}).encode() for i in range(8)]
+    values.insert(4, b"{not json")
+    produce_values(kafka_bootstrap, topic, [(0, v) for v in values])
+    schema = str(PROJECT / "schemas" / "order_event.ddl")
+    cfg = make_config([topic], engine=engine, max_records_per_trigger=3).with_overrides(
+        decoding={"value": {"format": "json", "schema_file": schema}}
+    )
+    progress: list[object] = []
+
+    class Listener:
+        def on_batch(self, batch: object) -> None:
+            progress.append(batch)
+
+        def on_run_end(self, commit_back: object) -> None:
+            pass
+
+    Pipeline(spark, cfg, listeners=[Listener()]).run()
+
+    ids = sorted(r.id for r in spark.read.format("delta").load(cfg.delta.table).collect())
+    assert ids == list(range(8))
+    assert [(b.records_read, b.rows_written, b.dead_letters) for b in progress] == [
+        (3, 3, 0),
+        (3, 2, 1),
+        (3, 3, 0),
+    ]
+    assert cfg.dead_letter_table is not None
+    letters = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().to_pylist()
+    assert [(r["offset"], r["value"]) for r in letters] == [(4, b"{not json")]
+
+
+def _plan(frame) -> str:
+    return frame._jdf.queryExecution().optimizedPlan().toString()
 
 
 def test_timestamps_far_from_now_the_delta_spark_sink_writes_read_back_in_deltalake(

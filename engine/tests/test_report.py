@@ -15,7 +15,7 @@ import yaml
 from kafka_delta.cli import main
 from kafka_delta.commands import report
 from kafka_delta.config import load_config
-from kafka_delta.progress.batch import BatchProgress, run_rate
+from kafka_delta.progress.batch import BatchProgress, StepClock, run_rate, steps_text
 from kafka_delta.progress.listeners import build_listeners, close_listeners
 from kafka_delta.progress.log_file import JsonLinesProgress, read_progress
 from support import PACKAGE, PROJECT, project_env
@@ -55,6 +55,33 @@ def write_lines(path: Path, batches: list[BatchProgress]) -> None:
             writer.on_batch(each)
     finally:
         writer.close()
+
+
+def test_a_batchs_steps_are_timed_in_order_and_read_back_from_its_progress_line(
+    tmp_path: Path,
+) -> None:
+    # The engine times each step of a batch (plan, check, materialize, commit, and of the
+    # commit the sink's read-back) around calls it makes anyway: no Spark job, two clock reads.
+    clock = StepClock()
+    with clock.step("commit"):
+        pass
+    clock.add("read_back", 0.00004)
+    clock.add("check", 0.12)
+    clock.add("check", 0.03)
+    assert list(clock.figures()) == ["check", "commit", "read_back"]
+    assert clock.figures()["check"] == 0.15 and clock.figures()["read_back"] == 0.0
+    assert steps_text(clock.figures()).startswith(" steps_ms=check:150,commit:")
+    assert steps_text(None) == ""
+
+    path = tmp_path / "progress.jsonl"
+    timed = batch(0, steps={"check": 0.12, "commit": 1.4, "read_back": 0.1})
+    write_lines(path, [timed])
+    assert read_progress(path) == [timed]
+    # A line written before batches were timed by step reads back with no steps.
+    line = json.loads(path.read_text())
+    del line["steps"]
+    path.write_text(json.dumps(line) + "\n")
+    assert read_progress(path)[0].steps is None
 
 
 def test_progress_lines_read_back_as_the_records_written(tmp_path: Path) -> None:

@@ -20,11 +20,26 @@ def default_batch_size(records: int) -> int:
 
 
 def default_delta_jars() -> str | None:
-    """$KAFKA_DELTA_JARS, else the jars scripts/bootstrap fetched through Maven (as the engine's
-    pytest plugin finds them); None: rows 6 and 7 report that they have no jars."""
-    from kafka_delta_dev.connector_jars import local_folder
+    """The connector jars' folder as the engine's pytest plugin finds it: $KAFKA_DELTA_JARS, else
+    the jars scripts/bootstrap resolved into the user's cache
+    (kafka_delta_dev.connector_jars.local_folder); None: the delta-spark rows report that they
+    have no jars (:func:`delta_jars_why` says why)."""
+    return _local_jars()[0]
 
-    return local_folder()[0]
+
+def delta_jars_why() -> str | None:
+    """Why this machine has no connector jars, in the words a skipped row reports."""
+    return _local_jars()[1]
+
+
+def _local_jars() -> tuple[str | None, str | None]:
+    if os.environ.get(JARS_ENV):
+        return os.environ[JARS_ENV], None
+    try:
+        from kafka_delta_dev.connector_jars import local_folder
+    except ImportError:  # the dev tools are not installed: only the variable names a folder
+        return None, None
+    return local_folder()
 
 
 def _int_list(text: str) -> list[int]:
@@ -50,7 +65,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         "--rows",
         type=_int_list,
         default=sorted(set(ROW_NAMES) - set(OPT_IN)),
-        help="rows to run, e.g. 4,5 while tuning the pipeline (default 1-11; row 12, the "
+        help="rows to run, e.g. 4,5 while tuning the pipeline (default 1-14; row 15, the "
         "pipeline on a two-worker standalone cluster, only when named; the last line shows nan "
         "for what was not measured)",
     )
@@ -64,8 +79,17 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     parser.add_argument(
         "--delta-jars",
         default=default_delta_jars(),
-        help=f"folder of delta-spark jars for rows 6 and 7 (default ${JARS_ENV}, else the jars "
-        "scripts/bootstrap fetched through Maven)",
+        help=f"folder of connector jars (delta-spark; Spark's kafka source for rows 12-14) for "
+        f"rows 6, 7 and 12-14 (default ${JARS_ENV}, else the jars scripts/bootstrap resolved)",
+    )
+    parser.add_argument(
+        "--jvm-fetch-max-wait-ms",
+        type=int,
+        help="fetch.max.wait.ms of the Java Kafka client in rows 12-14 (Spark's kafka source); "
+        "default: the client's own (500). The embedded broker holds every fetch that long even "
+        "when records are waiting (a quirk a real Kafka lacks), which rows 4-11 avoid through "
+        "conf/local.yaml's fetch.wait.max.ms 100; set 100 here to take the quirk out of the "
+        "comparison with the hand-written rows",
     )
     sweep = parser.add_argument_group("sweep (batch fixed cost and marginal cost per record)")
     sweep.add_argument(
@@ -128,6 +152,14 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     scale.add_argument(
         "--many-batch-size", type=int, default=100, help="their records each (default 100)"
     )
+    scale.add_argument(
+        "--many-batches-sink",
+        choices=("delta_rs", "delta_spark", "both"),
+        default="delta_rs",
+        help="the sink of the --many-batches run: delta_rs (row 4's pipeline, in the session), "
+        "delta_spark (row 6's, in a process of its own, with the sink's log reads at the start "
+        "against the end), or both (default delta_rs)",
+    )
     parser.add_argument(
         "--consumers", type=int, default=os.cpu_count() or 1, help="row 1 processes (cores)"
     )
@@ -152,6 +184,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         parser.error("--floor-batches must be at least 10 (the first five are warm-up)")
     if args.rss_batches < 1 or args.memory_batches < 0 or args.memory_batch_size < 1:
         parser.error("--rss-batches and --memory-batch-size must be >= 1, --memory-batches >= 0")
+    args.delta_jars_why = None if args.delta_jars else delta_jars_why()
     args.batch_size = args.batch_size or default_batch_size(args.records)
     args.sweep_records = args.sweep_records or args.records
     args.sweep_batch_sizes = args.sweep_batch_sizes or scaled_batch_sizes(args.sweep_records)

@@ -62,7 +62,7 @@ def plain_pipeline(base: type, txn: bool = False) -> type:
 
         def _process_batch(self, df: Any, batch_id: int) -> None:
             started = time.perf_counter()
-            batch = self.sink.materialize(self.transform(df))
+            batch = self.sink.materialize(self.transform(df), split=True)
             try:
                 ident = (self.config.pipeline_id, batch_id) if txn else None
                 rows = self.append(self.sink, batch.rows, ident)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import memory
-from .rows import REPEATED, TIME_SPLIT, Row, summary_rows
+from .rows import REPEATED, TIME_SPLIT, Row, step_split, summary_rows
 from .startup import PHASES, column
 from .sweep import FIT_PARTITIONS, Fit, fit_batch_cost
 
@@ -34,6 +34,10 @@ HEADLINE = {
     "fixed_over_floor_s": "{:.3f}",
     "two_tables_to_two_pipelines": "{:.4f}",
     "fixed_over_python_floor_s": "{:.3f}",
+    "delta_spark_to_stream": "{:.4f}",
+    "delta_spark_to_foreach_batch": "{:.4f}",
+    "cluster_to_stream": "{:.4f}",
+    "delta_spark_log_read_s": "{:.4f}",
 }
 
 
@@ -105,7 +109,17 @@ def headline(results: Results) -> dict[str, float]:
         "fixed_over_floor_s": fixed - floor.get("floor_batch_s", NAN),
         "two_tables_to_two_pipelines": two_tables_to_two_pipelines(rows),
         "fixed_over_python_floor_s": fixed - floor.get("floor_batch_python_write_s", NAN),
+        "delta_spark_to_stream": _rps(rows, 6) / _rps(rows, 12),
+        "delta_spark_to_foreach_batch": _rps(rows, 6) / _rps(rows, 13),
+        "cluster_to_stream": _rps(rows, 14) / _rps(rows, 12),
+        "delta_spark_log_read_s": _extra(rows, 6, "steady_log_read_s"),
     }
+
+
+def _extra(rows: dict[int, Row], number: int, key: str) -> float:
+    row = rows.get(number)
+    value = row.extra.get(key) if row is not None and not row.skipped else None
+    return float(value) if isinstance(value, int | float) else NAN
 
 
 def two_tables_to_two_pipelines(rows: dict[int, Row]) -> float:
@@ -187,7 +201,27 @@ def print_table(results: Results) -> None:
                 f"row {r.number} start-up {r.startup_s:.1f}s: "
                 + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items())
             )
+    for r in rows:
+        if "steady_log_read_s" in r.extra:
+            x = r.extra
+            say(
+                f"row {r.number} steady batch, the engine's own step timings: the sink's log "
+                f"reads {x['steady_log_read_s']:.3f}s (check {x['steady_check_s']:.3f}s + "
+                f"read-back {x['steady_read_back_s']:.3f}s), the Delta write "
+                f"{x['steady_write_s']:.3f}s, materializing {x['steady_materialize_s']:.3f}s "
+                f"(mean of {x['steady_timed_batches']:.0f})"
+            )
     by_number = {r.number: r for r in rows}
+    hand = {n: _rps(by_number, n) for n in (12, 13)}
+    if any(not math.isnan(v) for v in hand.values()):
+        said = [
+            f"row {n} / row {h} {_rps(by_number, n) / hand[h]:.2f}"
+            for n in (6, 14)
+            for h in (12, 13)
+            if not math.isnan(_rps(by_number, n) / hand[h])
+        ]
+        if said:
+            say("against hand-written Structured Streaming (rows 12, 13): " + ", ".join(said))
     fan_out = by_number.get(11)
     if fan_out is not None and fan_out.measured:
         x = fan_out.extra
@@ -221,7 +255,9 @@ def print_table(results: Results) -> None:
 def many_batch_costs(batches: list[list[float]], window: int = 100) -> dict[str, float]:
     """A long run's steady batches at its start and at its end (``window`` each, fewer when
     the run is short): seconds per batch commit to commit, in the batch function, and of that
-    in the Delta sink; and how much the last window's commit-to-commit cost exceeds the first's."""
+    in the Delta sink; where the engine timed its steps (:func:`.rows.step_split`), the sink's
+    log reads (check + read-back) and the Delta write alone; and how much the last window's
+    commit-to-commit cost exceeds the first's."""
     steady = len(batches) - 1
     if steady < 2:
         return {}
@@ -231,7 +267,17 @@ def many_batch_costs(batches: list[list[float]], window: int = 100) -> dict[str,
         out[f"{name}_s_per_batch"] = round((part[-1][0] - part[0][0]) / n, 4)
         out[f"{name}_function_s"] = round(sum(b[2] for b in part[1:]) / n, 4)
         out[f"{name}_sink_s"] = round(sum(b[3] for b in part[1:]) / n, 4)
+        # step_split leaves out the first batch of what it is given: here, the window's
+        # batch before its first.
+        steps = step_split(part)
+        for key in ("check", "read_back", "log_read", "write"):
+            if f"steady_{key}_s" in steps:
+                out[f"{name}_{key}_s"] = steps[f"steady_{key}_s"]
     out["growth_pct"] = round((out["last_s_per_batch"] / out["first_s_per_batch"] - 1) * 100, 1)
+    if "first_log_read_s" in out and "last_log_read_s" in out and out["first_log_read_s"] > 0:
+        out["log_read_growth_pct"] = round(
+            (out["last_log_read_s"] / out["first_log_read_s"] - 1) * 100, 1
+        )
     return out
 
 
@@ -239,11 +285,20 @@ def many_batch_text(r: Row) -> str:
     x = r.extra
     if "first_s_per_batch" not in x:
         return f"{r.name}: too few batches to compare"
+    reads = (
+        f"; the sink's log reads {x['first_log_read_s']:.3f} -> {x['last_log_read_s']:.3f} s "
+        f"({x['log_read_growth_pct']:+.1f}%: check {x['first_check_s']:.3f} -> "
+        f"{x['last_check_s']:.3f}, read-back {x['first_read_back_s']:.3f} -> "
+        f"{x['last_read_back_s']:.3f}), the Delta write {x['first_write_s']:.3f} -> "
+        f"{x['last_write_s']:.3f} s"
+        if "log_read_growth_pct" in x
+        else ""
+    )
     return (
         f"{r.name}: {x['first_s_per_batch']:.3f} s/batch over its first {x['window_batches']:.0f}"
         f" steady batches, {x['last_s_per_batch']:.3f} over its last ({x['growth_pct']:+.1f}%; "
         f"batch function {x['first_function_s']:.3f} -> {x['last_function_s']:.3f} s, of which "
-        f"sink {x['first_sink_s']:.3f} -> {x['last_sink_s']:.3f} s); table versions "
+        f"sink {x['first_sink_s']:.3f} -> {x['last_sink_s']:.3f} s{reads}); table versions "
         f"{_fmt(x.get('table_versions'), '{:,}')}"
     )
 

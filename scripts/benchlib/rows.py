@@ -22,11 +22,18 @@ ROW_NAMES = {
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
     10: "ceiling: pipeline read path to Spark's noop sink",
     11: "pipeline into two tables (all + paid by route)",
-    12: "row 4 on a standalone cluster: 2 workers x 1 core",
+    12: "hand-written readStream kafka > writeStream delta",
+    13: "hand-written readStream kafka > foreachBatch txn write",
+    14: "pipeline, cluster engine (kafka source + delta-spark)",
+    15: "row 4 on a standalone cluster: 2 workers x 1 core",
 }
-# Rows that run only when --rows names them: row 12 starts a Spark standalone cluster (a master
+# The rows on delta-spark's jars (14 and the hand-written 12 and 13 also on Spark's kafka
+# source's): skipped, saying why, where the jars are missing.
+DELTA_SPARK_ROWS = (6, 7, 12, 13, 14)
+KAFKA_SOURCE_ROWS = (12, 13, 14)
+# Rows that run only when --rows names them: row 15 starts a Spark standalone cluster (a master
 # and two worker JVMs) beside the broker, which the default run has no use for.
-OPT_IN = (12,)
+OPT_IN = (15,)
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)
 TIME_SPLIT = {
@@ -96,6 +103,32 @@ def time_split(batches: Sequence[Sequence[Any]]) -> dict[str, float]:
         "steady_read_parse_s": round(function - sink, 3),
         "steady_sink_s": round(sink, 3),
         "steady_between_batches_s": round(batches[-1][0] - batches[0][0] - function, 3),
+    }
+
+
+def step_split(batches: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """What a steady batch spends, on average, in the engine's own timed steps (a batch record's
+    ``steps``, :data:`.spark_run.BATCH`): the sink's log reads through Spark (the check before
+    the write and the read-back after it), the Delta write alone (the commit less its
+    read-back), and the materializing (transform, the batch's job into the sink's cache, dead
+    letters). {} when the engine did not time its batches (rows 5 and 7, the hand-written
+    rows) or there is no steady batch."""
+    timed = [b[6] for b in batches[1:] if len(b) > 6 and isinstance(b[6], dict)]
+    if not timed:
+        return {}
+    n = len(timed)
+
+    def mean(key: str) -> float:
+        return sum(float(t.get(key) or 0.0) for t in timed) / n
+
+    check, read_back, commit = mean("check"), mean("read_back"), mean("commit")
+    return {
+        "steady_check_s": round(check, 4),
+        "steady_read_back_s": round(read_back, 4),
+        "steady_log_read_s": round(check + read_back, 4),
+        "steady_write_s": round(commit - read_back, 4),
+        "steady_materialize_s": round(mean("materialize"), 4),
+        "steady_timed_batches": n,
     }
 
 

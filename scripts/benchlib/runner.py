@@ -26,11 +26,14 @@ from .report import (
 )
 from .report import last_line as format_last_line
 from .rows import (
+    DELTA_SPARK_ROWS,
+    KAFKA_SOURCE_ROWS,
     REPEATED,
     ROW_NAMES,
     Row,
     busy_rate,
     steady,
+    step_split,
     time_split,
     verify_paid,
     verify_table,
@@ -39,6 +42,7 @@ from .spark_run import BATCH
 from .sweep import steady_batch_cost
 
 DELTA_SPARK_ENGINE = {"source": "embedded", "sink": "delta_spark"}
+CLUSTER_ENGINE = {"source": "spark_kafka", "sink": "delta_spark"}
 RSS_KEYS = ("driver_rss_first", "driver_rss_last", "jvm_rss_first", "jvm_rss_last")
 
 
@@ -98,19 +102,23 @@ class Bench:
         if self.archive.directory(self.env) is not None:
             self.env[self.archive.ENV] = str(self.out / "jvm-archive")
 
-    def delta_jars(self) -> tuple[list[str], str]:
-        """(jars for row 6, "") or ([], why there are none): the engine's own reading of a jar
-        folder (kafka_delta.runtime.connectors.local_connector_jars), as its pytest plugin
-        does."""
+    def delta_jars(self, kafka_source: bool = False) -> tuple[list[str], str]:
+        """(jars for rows 6 and 7, "") or ([], why there are none): the engine's own reading of
+        a jar folder (kafka_delta.runtime.connectors.local_connector_jars), as its pytest plugin
+        does. ``kafka_source``: rows 12-14 also need Spark's kafka source among them."""
         from kafka_delta.runtime.connectors import ConnectorMissingError, local_connector_jars
 
         folder = self.args.delta_jars
         if not folder:
-            return [], f"no delta-spark jars (set {JARS_ENV}=<folder of jars> or --delta-jars)"
+            why = self.args.delta_jars_why or f"set {JARS_ENV}=<folder of jars> or --delta-jars"
+            return [], f"no delta-spark jars ({why})"
         try:
-            return local_connector_jars(folder), ""
+            jars = local_connector_jars(folder)
         except ConnectorMissingError as exc:
             return [], f"no delta-spark jars: {exc}"
+        if kafka_source and not any(Path(j).name.startswith("spark-sql-kafka") for j in jars):
+            return [], f"no jar of Spark's kafka source (spark-sql-kafka) in {folder}"
+        return jars, ""
 
     @property
     def registry_url(self) -> str:
@@ -247,7 +255,7 @@ class Bench:
             row.startup_s = first_end - begin if first_end else None
             finished = max(result.get("end", 0.0), batches[-1][0] if batches else 0.0)
             row.wall_s = finished - begin
-            if kind == "pipeline":
+            if kind in ("pipeline", "stream"):
                 self._pipeline_figures(row, result, started, first_end, label)
             elif kind == "ceiling":
                 self._ceiling_figures(row, result, started)
@@ -277,6 +285,7 @@ class Bench:
         batches = result["batches"]
         row.busy_rps = busy_rate(batches)
         row.extra.update(time_split(batches))
+        row.extra.update(step_split(batches))
         row.extra["driver_peak_mb"] = _round(result.get("driver_peak_mb"))
         row.extra["jvm_peak_mb"] = _round(result.get("jvm_peak_mb"))
         row.extra["spark_session_s"] = round(result.get("spark_session_s", 0.0), 2)
@@ -396,7 +405,7 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5, 8, 10, 11} | ({6, 7} if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8, 10, 11} | (set(DELTA_SPARK_ROWS) if self.delta_jars()[0] else set())
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -474,9 +483,12 @@ class Bench:
                     exactly_once=exactly_once,
                 )
                 rows.append(self.measure(row(number, repeat), "pipeline", spec, tables / label))
-        if 12 in a.rows:
-            rows.append(self.run_on_cluster(row(12), topic, ends))
-        for number in (6, 7):
+        if 15 in a.rows:
+            rows.append(self.run_on_cluster(row(15), topic, ends))
+        # The delta-spark rows, the pipeline's (6) between the two hand-written ones (12, 13)
+        # and beside its plain foreachBatch write (7), so that drift of the machine touches
+        # their ratios least; the cluster engine (14) last.
+        for number in (12, 6, 7, 13, 14):
             if number in a.rows:
                 rows.append(self.run_delta_spark(row(number), topic, ends))
         if {8, 9} & set(a.rows):
@@ -512,7 +524,7 @@ class Bench:
             rows.append(self.measure(row(10), "ceiling", spec, None))
 
     def run_on_cluster(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
-        """Row 12: row 4's pipeline and data on a Spark standalone cluster of two workers of one
+        """Row 15: row 4's pipeline and data on a Spark standalone cluster of two workers of one
         core and 1 GiB each (kafka_delta_dev.standalone_cluster, on 127.0.0.1), the driver in
         the worker process as in row 4: what leaving local mode costs when the same two cores
         run the driver, two executor JVMs and their Python workers. The cluster starts before
@@ -523,7 +535,7 @@ class Bench:
         cluster = StandaloneCluster(self.out / "cluster", workers=2, cores=1, memory="1g")
         cluster.start()
         try:
-            label = "12-pipeline-cluster"
+            label = "15-pipeline-cluster"
             spec = self.spec(
                 topic,
                 ends,
@@ -542,29 +554,46 @@ class Bench:
     def run_delta_spark(self, row: Row, topic: str, ends: dict[int, int]) -> Row:
         """Row 6: the same pipeline, exactly-once on, with the delta-spark sink (engine
         {source: embedded, sink: delta_spark}); row 7: the same engine, each batch written as
-        Databricks documents an idempotent foreachBatch (txnAppId/txnVersion, nothing else).
-        Without jars the row says so and is skipped."""
-        jars, why_not = self.delta_jars()
+        Databricks documents an idempotent foreachBatch (txnAppId/txnVersion, nothing else);
+        rows 12 and 13: Structured Streaming as a user writes it by hand (:mod:`.handwritten`);
+        row 14: the pipeline on the cluster engine (Spark's kafka source, delta-spark). Without
+        jars the row says so and is skipped."""
+        jars, why_not = self.delta_jars(kafka_source=row.number in KAFKA_SOURCE_ROWS)
         if not jars:
             say(f"==> {row.number}. {row.name}\n    skipped: {why_not}")
             row.skipped = row.check = f"skipped: {why_not}"
             return row
-        exactly_once = row.number == 6
-        label = f"{row.number}-pipeline-delta-spark" + ("" if exactly_once else "-plain")
+        kind, extra = "pipeline", {}
+        if row.number == 6:
+            label, extra = "6-pipeline-delta-spark", {"engine": DELTA_SPARK_ENGINE}
+        elif row.number == 7:
+            label = "7-pipeline-delta-spark-plain"
+            extra = {"engine": DELTA_SPARK_ENGINE, "exactly_once": False, "txn": True}
+        elif row.number == 14:
+            label, extra = "14-pipeline-cluster", {"engine": CLUSTER_ENGINE}
+        else:
+            kind = "stream"
+            style = "write_stream" if row.number == 12 else "foreach_batch"
+            label, extra = f"{row.number}-hand-written-{style}", {"style": style}
+        if row.number in KAFKA_SOURCE_ROWS and self.args.jvm_fetch_max_wait_ms is not None:
+            # Spark's kafka source reads with the Java client: the broker quirk's setting, on
+            # the three rows alike (rows 4-11 read with librdkafka, as conf/local.yaml sets).
+            extra["jvm_client"] = {"fetch.max.wait.ms": str(self.args.jvm_fetch_max_wait_ms)}
         tables = self.out / "tables"
-        spec = self.spec(
-            topic,
-            ends,
-            name="bench-delta-spark" + ("" if exactly_once else "-plain"),
-            table=str(tables / label),
-            checkpoint=str(self.out / "checkpoints" / label),
-            exactly_once=exactly_once,
-            txn=not exactly_once,
-            engine=DELTA_SPARK_ENGINE,
-            jars=jars,
-        )
+        spec = {
+            **self.spec(
+                topic,
+                ends,
+                name=f"bench-{label}",
+                table=str(tables / label),
+                checkpoint=str(self.out / "checkpoints" / label),
+                exactly_once=True,
+                jars=jars,
+            ),
+            **extra,
+        }
         row.note = f"jars: {self.args.delta_jars}"
-        return self.measure(row, "pipeline", spec, tables / label)
+        return self.measure(row, kind, spec, tables / label)
 
     # -- the session: driver memory, then the sweep ----------------------------------------
 
@@ -606,7 +635,7 @@ class Bench:
                     topics=names,
                 )
             )
-        if a.many_batches:
+        if a.many_batches and a.many_batches_sink in ("delta_rs", "both"):
             topic, _ = self.topic(a.many_batches * a.many_batch_size, a.partitions)
             label = f"many-{a.many_batches}"
             points.append(self.point(label, topic, a.many_batch_size, role="many"))
@@ -635,7 +664,7 @@ class Bench:
                 f"==> wide: pipeline over {a.wide_topics} topics, {a.wide_partitions} partitions "
                 f"in all, {min(a.sweep_batch_sizes):,}-record batches, {a.sweep_records:,} records"
             )
-        if a.many_batches:
+        if a.many_batches and a.many_batches_sink in ("delta_rs", "both"):
             say(
                 f"==> many batches: {a.many_batches:,} of {a.many_batch_size:,} records, the "
                 "per-batch cost at the start against the end"
@@ -703,13 +732,47 @@ class Bench:
         )
         return r
 
-    def _many_row(self, point: dict[str, Any]) -> Row:
+    def run_many_delta_spark(self) -> None:
+        """``--many-batches`` on the delta-spark sink (``--many-batches-sink delta_spark`` or
+        ``both``): row 6's pipeline over that many small batches, in a worker process of its
+        own (the session's Spark has no Delta jars), so the per-batch cost of its log reads at
+        the start of the run is set against the end, the table then at that many versions."""
+        a = self.args
+        if not a.many_batches or a.many_batches_sink not in ("delta_spark", "both"):
+            return
+        say(
+            f"==> many batches on the delta-spark sink: {a.many_batches:,} of "
+            f"{a.many_batch_size:,} records, the per-batch cost (and its log reads) at the start "
+            "against the end"
+        )
+        jars, why_not = self.delta_jars()
+        if not jars:
+            say(f"    skipped: {why_not}")
+            return
+        topic, ends = self.topic(a.many_batches * a.many_batch_size, a.partitions)
+        label = f"many-{a.many_batches}-delta-spark"
+        point = self.point(label, topic, a.many_batch_size, role="many")
+        spec = {
+            **self.spec(topic, ends, jars=jars, engine=DELTA_SPARK_ENGINE),
+            **point,
+            "name": f"bench-{label}",
+        }
+        try:
+            result, _, _ = run_worker("pipeline", spec, self.out, label, self.env, a.timeout)
+        except WorkerError as exc:
+            self.problems.append(str(exc))
+            say(f"    {exc}")
+            return
+        self.results.scale.append(self._many_row({**point, **result}, sink="delta-spark"))
+
+    def _many_row(self, point: dict[str, Any], sink: str = "delta-rs") -> Row:
         """The many-small-batches run: what a steady batch costs (commit to commit, and in the
-        batch function, and of that in the sink) over its first and its last steady batches."""
+        batch function, and of that in the sink; the sink's log reads where the engine timed
+        them) over its first and its last steady batches."""
         a = self.args
         r = Row(
             0,
-            f"{a.many_batches} batches of {a.many_batch_size}",
+            f"{a.many_batches} batches of {a.many_batch_size} ({sink} sink)",
             a.many_batches * a.many_batch_size,
             a.many_batch_size,
             partitions=a.partitions,
@@ -794,6 +857,7 @@ class Bench:
             self.record_class_archive()
             self.run_main()
             self.run_session()
+            self.run_many_delta_spark()
         finally:
             broker.stop()
             if self.registry is not None:

@@ -6,7 +6,11 @@ engine itself is untouched: a subclass of its ``Pipeline`` records when each bat
 how long its sink took and the driver's RSS.
 
 A pipeline result's ``batches`` are lists ``[commit time, rows, seconds in the batch function,
-of which in the Delta sink, driver Python RSS MB, driver JVM RSS MB]`` (see :data:`BATCH`)."""
+of which in the Delta sink, driver Python RSS MB, driver JVM RSS MB, the batch's steps]`` (see
+:data:`BATCH`). The steps are the engine's own timings of the batch (its progress record's
+``steps``: plan, check, materialize, commit, read_back; :class:`kafka_delta.progress.batch.
+StepClock`), None for a batch the engine did not time (rows 5 and 7, whose batches are the
+bench's own)."""
 
 from __future__ import annotations
 
@@ -25,7 +29,15 @@ from .plain import noop_pipeline, plain_append, plain_pipeline
 log = logging.getLogger("bench")
 
 # Index of each field in a pipeline batch record.
-BATCH = {"time": 0, "rows": 1, "function_s": 2, "sink_s": 3, "driver_mb": 4, "jvm_mb": 5}
+BATCH = {
+    "time": 0,
+    "rows": 1,
+    "function_s": 2,
+    "sink_s": 3,
+    "driver_mb": 4,
+    "jvm_mb": 5,
+    "steps": 6,
+}
 # The engine's own log format (kafka_delta.cli): start-up phases are parsed from it.
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -138,6 +150,7 @@ def _run_pipeline(
             "consumer_group": f"bench-{run['name']}",
             "max_records_per_trigger": run["batch_size"],
             "client": dict(CLIENT),
+            "jvm_client": dict(run.get("jvm_client") or {}),
         },
         "checkpoint": run["checkpoint"],
     }
@@ -185,6 +198,14 @@ def _run_pipeline(
             elapsed = time.perf_counter() - started
             driver_mb, jvm_mb = probe.now()
             rows = self.summary.rows_written - rows_before
+            progress = getattr(self, "last_progress", None)
+            steps = (
+                dict(progress.steps)
+                if progress is not None
+                and progress.batch_id == batch_id
+                and getattr(progress, "steps", None)
+                else None
+            )
             if counted:  # of several tables, the records the batch read: the rows of `all`
                 rows = self.last_progress.tables[counted]["rows_written"] or 0
             elif run.get("count_read"):  # a filtering transform: the records read
@@ -198,6 +219,7 @@ def _run_pipeline(
                     in_sink[0] - sink_before,
                     driver_mb,
                     jvm_mb,
+                    steps,
                 ]
             )
 

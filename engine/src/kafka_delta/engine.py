@@ -55,11 +55,15 @@ upsert's MERGE source, the dead-letter records)."""
 
 @dataclass(frozen=True)
 class SinkResult:
-    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed)."""
+    """Outcome of one batch: ``delta_version`` is the commit that holds it (None when replayed);
+    ``read_back_s``: of the commit's time, the seconds spent reading the table's log back to
+    prove the commit is this batch's (the delta-spark sink; 0.0 where the commit itself returns
+    its version), so the batch's progress can tell the log reads from the write."""
 
     written: bool
     rows: int
     delta_version: int | None
+    read_back_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,22 @@ class Materialized:
     release: Callable[[], None] = lambda: None
 
 
+class DeadLettersFound(RuntimeError):
+    """A batch the sink wrote as clean (:meth:`Sink.materialize` without ``split``) held a dead
+    letter: the write failed before its commit, so nothing was committed. The pipeline checks
+    the batch again, materializes it with its dead letters split off (``split=True``), sends
+    them, then commits (:meth:`kafka_delta.pipeline.Pipeline._write_table`)."""
+
+
 class Sink(Protocol):
     table_uri: str
 
-    def materialize(self, out: DataFrame) -> Materialized:
-        """Compute ``out`` once, in the form this sink writes, and split off dead letters."""
+    def materialize(self, out: DataFrame, split: bool = False) -> Materialized:
+        """Compute ``out`` once, in the form this sink writes, and split off dead letters. A
+        sink may instead hand back ``out`` to be written as clean, in the commit's own job,
+        when no dead letter is expected (``split`` False): a dead letter then fails that write
+        before its commit (:class:`DeadLettersFound`), and the batch is materialized again
+        with ``split=True``, which always splits."""
         ...
 
     def check(

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -35,14 +35,14 @@ from pyspark.sql.streaming import StreamingQuery
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
-from kafka_delta.engine import Engine, Materialized, Sink, SinkResult, Source
+from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
 from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
 from kafka_delta.kafka.outage import KafkaOutage, got_through_a_trigger, kafka_down
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from kafka_delta.offsets.topic_identity import recreated_while_running
-from kafka_delta.progress.batch import BatchProgress, ProgressListener
+from kafka_delta.progress.batch import BatchProgress, ProgressListener, StepClock, steps_text
 from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
@@ -165,6 +165,37 @@ class RunningTotal:
 
     def __repr__(self) -> str:
         return f"RunningTotal(count={self.count}, total={self.total})"
+
+
+class BatchRead:
+    """The batch's records as its tables read them, read from Kafka once for all of them
+    (persisted while more than one writes), and the count of what was read: observed while
+    the sinks' own jobs run (no extra job); a batch every table has (a replay) reads nothing,
+    so nothing is observed."""
+
+    def __init__(self, df: DataFrame, writing: int) -> None:
+        self.df = df
+        self.writing = writing
+        self._observe()
+
+    def _observe(self) -> None:
+        self.observation: Observation | None = Observation() if self.writing else None
+        observed = (
+            self.df
+            if self.observation is None
+            else self.df.observe(self.observation, F.count(F.lit(1)).alias("records"))
+        )
+        self.records = observed.persist() if self.writing > 1 else observed
+
+    def renew(self) -> None:
+        """Observe the records afresh: a job that failed part way (a clean write that met a
+        dead letter) filled the observation with what its finished tasks had counted."""
+        self.release()
+        self._observe()
+
+    def release(self) -> None:
+        if self.writing > 1:
+            self.records.unpersist()
 
 
 @dataclass
@@ -548,20 +579,27 @@ class Pipeline:
             self._gate.leave(batch_id, succeeded=succeeded)
 
     def _process_batch(self, df: DataFrame, batch_id: int) -> None:
-        """One micro-batch, as steps; each table's the same (one table: a list of one)."""
+        """One micro-batch, as steps; each table's the same (one table: a list of one). Each
+        step is timed (:class:`.progress.batch.StepClock`) into the batch's progress."""
         started = time.perf_counter()
-        end, shares = self._plan_ends(df, batch_id)
-        self._fence(shares)
-        with self._read_once(df, shares) as (records, observation):
+        clock = StepClock()
+        with clock.step("plan"):
+            end, shares = self._plan_ends(df, batch_id)
+        with clock.step("check"):
+            self._fence(shares)
+        read = BatchRead(df, writing=sum(not s.replayed for s in shares))
+        try:
             for n, share in enumerate(shares):
                 if n:
                     # A crash here leaves the batch in the tables before this one only.
                     crash_point("between_tables")
                 if not share.replayed:
-                    self._write_table(share, records)
+                    self._write_table(share, read, clock)
+        finally:
+            read.release()
         crash_point("after_delta_commit")
         group = self._store_ends(shares, end)
-        self._report(batch_id, shares, end, group, observation, started)
+        self._report(batch_id, shares, end, group, read.observation, started, clock)
 
     def _plan_ends(self, df: DataFrame, batch_id: int) -> tuple[Offsets, list[TableBatch]]:
         """The batch's end offsets, as the checkpoint planned them, and each table's share of
@@ -597,44 +635,52 @@ class Pipeline:
             )
             share.replayed = run.engine.sink.check(share.commit, share.start, share.firsts)
 
-    @contextmanager
-    def _read_once(
-        self, df: DataFrame, shares: Sequence[TableBatch]
-    ) -> Iterator[tuple[DataFrame, Observation | None]]:
-        """The batch's records, read from Kafka once for the tables that write it (persisted
-        while more than one does), and the count of what was read: observed while the sinks'
-        own jobs run (no extra job); a batch every table has (a replay) reads nothing, so
-        nothing is observed."""
-        writing = sum(not s.replayed for s in shares)
-        observation = Observation() if writing else None
-        observed = (
-            df
-            if observation is None
-            else df.observe(observation, F.count(F.lit(1)).alias("records"))
-        )
-        records = observed.persist() if writing > 1 else observed
-        try:
-            yield records, observation
-        finally:
-            if records is not observed:
-                records.unpersist()
-
-    def _write_table(self, share: TableBatch, batch_records: DataFrame) -> None:
+    def _write_table(
+        self, share: TableBatch, read: BatchRead, clock: StepClock | None = None
+    ) -> None:
         """Transform, write and commit one table's share of the batch: its records (topic
         routing, less what it holds), the transform's output, its dead letters, then its one
-        Delta commit."""
+        Delta commit. ``clock`` times the steps (``materialize`` up to the commit, ``commit``,
+        and of the commit the sink's ``read_back``).
+
+        A sink may write a batch as clean in its commit's own job (the delta-spark sink's
+        append, :class:`~.engine.DeadLettersFound`): when the batch holds a dead letter after
+        all, that write fails before its commit, nothing is committed, and the table's share
+        is done again the way every batch once was: checked again, materialized with its dead
+        letters split off, the dead letters sent, then the commit; the records are observed
+        afresh (the failed job counted part of them)."""
+        clock = clock or StepClock()
         run = share.run
-        records = without_held(
-            table_input(batch_records, run, self.config.kafka.topics), share.skipped
-        )
-        out = self._transform(run, records)
-        written = run.engine.sink.materialize(out)
-        try:
-            share.dead_letters = self._send_dead_letters(share, records, written)
-            crash_point("before_delta_commit")
-            share.result = self._commit(share, written)
-        finally:
-            written.release()
+        sink = run.engine.sink
+        split = False
+        while True:
+            with clock.step("materialize"):
+                records = without_held(
+                    table_input(read.records, run, self.config.kafka.topics), share.skipped
+                )
+                out = self._transform(run, records)
+                written = sink.materialize(out, split=split)
+            try:
+                with clock.step("materialize"):
+                    share.dead_letters = self._send_dead_letters(share, records, written)
+                crash_point("before_delta_commit")
+                with clock.step("commit"):
+                    share.result = self._commit(share, written)
+                clock.add("read_back", share.result.read_back_s)
+            except DeadLettersFound as found:
+                if split:
+                    raise
+                log.info("%s%s", found, f" (table {run.name})" if run.name else "")
+                split = True
+                read.renew()
+                with clock.step("check"):
+                    share.replayed = sink.check(share.commit, share.start, share.firsts)
+                if share.replayed:
+                    return
+                continue
+            finally:
+                written.release()
+            break
         if share.result.written:
             run.joining = False
 
@@ -693,9 +739,11 @@ class Pipeline:
         group: Offsets,
         observation: Observation | None,
         started: float,
+        clock: StepClock | None = None,
     ) -> None:
-        """The batch's progress (each table's share, of several tables), then the commit back
-        and the progress line (:meth:`_deliver`), in the process that started the run."""
+        """The batch's progress (each table's share, of several tables; its steps' times),
+        then the commit back and the progress line (:meth:`_deliver`), in the process that
+        started the run."""
         written = [s.result for s in shares if s.result.written]
         result = SinkResult(
             written=bool(written),
@@ -718,7 +766,9 @@ class Pipeline:
             for s in shares
             if s.run.commit_name is not None
         }
-        progress = replace(progress, tables=tables or None)
+        progress = replace(
+            progress, tables=tables or None, steps=clock.figures() if clock is not None else None
+        )
         report = BatchReport(progress, group)
         if self._worker:  # the Connect server's process: the run's own process delivers it
             assert self._mailbox is not None
@@ -837,7 +887,7 @@ class Pipeline:
             return
         log.info(
             "batch=%d records_read=%s rows_written=%d dead_letters=%d records_per_s=%.0f "
-            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f%s",
+            "delta_version=%s behind_latest=%s%s %s hook_ms=%.2f%s%s",
             p.batch_id,
             read,
             p.rows_written,
@@ -848,6 +898,7 @@ class Pipeline:
             target,
             back,
             p.hook_ms,
+            steps_text(p.steps),
             _per_table(p),
         )
 

@@ -275,8 +275,11 @@ class OffsetsExpiredError(RuntimeError):
 
 
 # History is read newest first in growing pages: the pipeline's own commit is normally the
-# newest, but other writers and maintenance (OPTIMIZE, VACUUM) may have committed since.
-HISTORY_PAGES = (20, 500, None)
+# newest, but other writers and maintenance (OPTIMIZE, VACUUM) may have committed since. The
+# first page is small because the delta-spark sink reads it twice a batch, each a Spark job
+# whose tasks open every commit file of the page: 3 commit files cost about what 1 does, 20
+# about two thirds more (DESCRIBE HISTORY, issue 44).
+HISTORY_PAGES = (3, 20, 500, None)
 
 
 def newest_stored_paged(

@@ -9,8 +9,10 @@ from the config, so a pipeline without metrics never imports ``prometheus_client
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kafka_delta.offsets.model import Offsets
@@ -51,6 +53,9 @@ class BatchProgress:
     # A pipeline of several tables (``tables:``): each table's share of the batch, by name:
     # rows_written, dead_letters, replayed, delta_version. None for one table.
     tables: Mapping[str, Mapping[str, Any]] | None = None
+    # Seconds the batch function spent in each of its steps (:class:`StepClock`), every table's
+    # together; None in records written before batches were timed by step.
+    steps: Mapping[str, float] | None = None
 
     @property
     def behind_latest(self) -> int | None:
@@ -87,14 +92,61 @@ class BatchProgress:
                 return None
             return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in value.items()}
 
-        # `tables` is absent from lines written before pipelines had several tables.
+        # `tables` is absent from lines written before pipelines had several tables, `steps`
+        # from lines written before batches were timed by step.
         fields = {
-            name: data.get(name) if name == "tables" else data[name]
+            name: data.get(name) if name in ("tables", "steps") else data[name]
             for name in cls.__dataclass_fields__
         }
         fields["end_offsets"] = offsets(fields["end_offsets"]) or {}
         fields["lag"] = offsets(fields["lag"])
         return cls(**fields)
+
+
+# The steps of a batch a :class:`StepClock` times, in the order they run: planning the ends, the
+# sinks' checks (fencing and replay: reading each table's log), the transform and the sinks'
+# materializing of its rows (the delta-spark sink's one job reading the batch into its cache;
+# dead letters sent), the commits (the Delta write and, where a sink reads it back, the log
+# again), and of the commits the read-back alone (``SinkResult.read_back_s``).
+STEPS = ("plan", "check", "materialize", "commit", "read_back")
+
+
+@dataclass
+class StepClock:
+    """Where one micro-batch's time goes, step by step (:data:`STEPS`): wall seconds taken with
+    ``time.perf_counter`` around calls the batch makes anyway, so timing costs no Spark job
+    and nothing measurable (two clock reads a step). Why: a batch's cost splits into what the
+    sink adds per batch (its log reads, which must stay flat as the table ages) and what the
+    data costs (the write), and only the batch function can tell them apart."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, step: str, seconds: float) -> None:
+        self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - started)
+
+    def figures(self) -> dict[str, float]:
+        """The steps timed, in :data:`STEPS` order, seconds rounded to 0.1 ms."""
+        return {s: round(self.seconds[s], 4) for s in STEPS if s in self.seconds}
+
+
+def steps_text(steps: Mapping[str, float] | None) -> str:
+    """The progress line's ``steps_ms=`` field: ``plan:2,check:104,materialize:2310,commit:1401,
+    read_back:98`` (the read-back is part of the commit); "" when the batch was not timed.
+
+    >>> steps_text({"check": 0.1044, "commit": 1.4012, "read_back": 0.0981})
+    ' steps_ms=check:104,commit:1401,read_back:98'
+    """
+    if not steps:
+        return ""
+    return " steps_ms=" + ",".join(f"{k}:{v * 1000:.0f}" for k, v in steps.items())
 
 
 @dataclass(frozen=True)

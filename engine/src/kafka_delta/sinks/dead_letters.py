@@ -119,6 +119,24 @@ def split_dead_letters_df(out: DataFrame) -> Materialized:
     return Materialized(good, dead, release=cached.unpersist)
 
 
+# What a clean write fails with when it meets a dead letter (:func:`clean_rows`).
+CLEAN_WRITE_MARK = "kafka_delta: a dead letter in a batch written as clean"
+
+
+def clean_rows(out: DataFrame) -> DataFrame:
+    """``out`` to be written as a batch without dead letters, in the write's own job: its
+    ``_error`` column dropped, and a row that carries one fails the job
+    (``raise_error(CLEAN_WRITE_MARK)``) before the write can commit, so a batch with a dead
+    letter is never committed without it. A filter, not a projection: the optimizer cannot
+    prune it, and every row's ``_error`` is looked at once, in the job that writes the rows."""
+    if DEAD_LETTER_COLUMN not in out.columns:
+        return out
+    clean = F.when(F.col(DEAD_LETTER_COLUMN).isNull(), F.lit(True)).otherwise(
+        F.raise_error(F.lit(CLEAN_WRITE_MARK))
+    )
+    return out.filter(clean).drop(DEAD_LETTER_COLUMN)
+
+
 def dead_letter_records(df: DataFrame, dead: pa.Table, topic_ids: TopicIds = None) -> DataFrame:
     """The original Kafka records of the dead letters, with their error and their topic's id
     (``topic_ids``: the batch's), as a DataFrame the dead-letter sink writes like any batch

@@ -252,12 +252,13 @@ class DeltaRsSink:
         """The write task's (``mapInArrow`` of :class:`.file_writer.TaskWriter`)."""
         return (TaskWriter.__module__, "pyarrow.parquet")
 
-    def materialize(self, out: DataFrame) -> Materialized:
-        """Append: ONE Spark job in which every task writes its rows as data files of the table
-        and returns their metadata and the positions of its dead letters; neither the rows nor
-        the dead letters' records come to the driver. The files stay invisible until
-        :meth:`commit_batch` commits them. The pipeline calls this only once the batch passed
-        :meth:`check`, so a replay or a fenced run writes no file.
+    def materialize(self, out: DataFrame, split: bool = False) -> Materialized:
+        """Always split (``split`` changes nothing). Append: ONE Spark job in which every task
+        writes its rows as data files of the table and returns their metadata and the
+        positions of its dead letters; neither the rows nor the dead letters' records come to
+        the driver. The files stay invisible until :meth:`commit_batch` commits them. The
+        pipeline calls this only once the batch passed :meth:`check`, so a replay or a fenced
+        run writes no file.
 
         Upsert: delta-rs's MERGE takes its source in the driver process, so the batch is
         collected to the driver as Arrow, once, and split there."""

@@ -82,6 +82,10 @@ class DeltaSparkLog:
         # the commit files in one), so a page is read once and serves every smaller one.
         self._pages: dict[int | None, Sequence[Mapping[str, object]]] = dict(pages or {})
 
+    def read_so_far(self) -> Sequence[Mapping[str, object]]:
+        """The longest page of history read so far (newest first), without reading any."""
+        return max(self._pages.values(), key=len, default=())
+
     def history(self, limit: int | None) -> Sequence[Mapping[str, object]]:
         for read, page in self._pages.items():
             complete = read is None or len(page) < read

@@ -35,8 +35,21 @@ check and the read-back read the pipeline's commits from the table's history
 (:class:`.offset_store.TableLogReader`), never its txn actions, which Spark cannot read (why
 replay, fencing and a new checkpoint need none: :mod:`.offset_store`). A table by name that does
 not exist is created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a
-commit wrote come from its own ``operationMetrics`` (read back with it), so an append runs one
-Spark job: the write.
+commit wrote come from its own ``operationMetrics`` (read back with it), never from a count.
+
+One job reads and writes a clean batch (append): a batch is written as clean (:meth:`materialize`
+hands the transform's output back with :func:`..dead_letters.clean_rows`: no cache, no job of its
+own), and the write's own job is the one that reads Kafka, transforms and writes. A row with a
+dead letter fails that job before the write commits (``raise_error``), so nothing of the batch is
+committed; the sink raises :class:`kafka_delta.engine.DeadLettersFound`, and the pipeline checks
+the batch again, has it split (cached once, the dead letters collected in Spark), sends the dead
+letters and commits, as every batch did before. After a batch with dead letters the next
+:data:`SPLIT_AFTER_DEAD_LETTERS` batches are split from the start, so a source that keeps sending
+bad records pays the failed write once, not every batch. Neither the fence, the commit nor the
+read-back changes: a clean batch is one commit of its rows, txn and offsets, and a batch with
+dead letters commits only after them. What the failed write leaves is data files no commit names
+in the table's folder (Delta's writer wrote them; any failed Spark write leaves such files),
+which Delta's ``VACUUM`` removes (``table maintain``).
 
 Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot add the
 per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
@@ -48,6 +61,7 @@ commit (:mod:`.commit_copies`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -55,7 +69,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.delta.promotion import fit_to_table, narrower_columns
-from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
+from kafka_delta.engine import DeadLettersFound, Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import (
     RESTART,
     FencingError,
@@ -73,14 +87,16 @@ from kafka_delta.offsets.model import (
 from kafka_delta.offsets.stored import TableLog, read_stored
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import (
+    CLEAN_WRITE_MARK,
     POSITION,
     TOPIC_ID,
     TopicIds,
+    clean_rows,
     held_among,
     split_dead_letters_df,
 )
 from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.offset_store import TableLogReader
+from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog, TableLogReader
 from kafka_delta.sinks.delta_spark.table import SparkTable, quoted_part
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
@@ -91,9 +107,13 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
-# How many of the newest commits are searched for a batch's own, for its metrics (other
-# writers may have committed after it); beyond them the rows are counted with a Spark job.
+# How many of the newest commits are searched for a batch's own, for its metrics, when the
+# history the read-back read does not hold it (other writers committed after it); beyond them
+# the rows are counted with a Spark job.
 METRICS_LOOKBACK = 10
+# After a batch with dead letters, this many batches are split before their write (cached, the
+# dead letters collected first) instead of written as clean (see the module docstring).
+SPLIT_AFTER_DEAD_LETTERS = 10
 
 
 def append_options(commit: BatchCommit) -> dict[str, str]:
@@ -206,21 +226,27 @@ class DeltaSparkSink:
         # What :meth:`check` read for a batch (its identity, whether the table exists, stored
         # offsets), for :meth:`commit_batch` of the same batch.
         self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
+        # Batches still to split before their write, after one with dead letters.
+        self._split_left = 0
 
     def worker_modules(self) -> tuple[str, ...]:
         return ()  # delta-spark writes in the JVM
 
     def columns(self) -> tuple[str, ...] | None:
-        if not self.table.exists():
-            return None
-        return tuple(self.table.frame().schema.fieldNames())
+        schema = self.table.schema()
+        return None if schema is None else tuple(schema.fieldNames())
 
-    def materialize(self, out: DataFrame) -> Materialized:
-        """The batch stays distributed: cached once, dead letters counted and split in Spark.
-        A number column wider than the table's (a producer's int became long) widens the
-        table's column first, by a commit of its own (:func:`.widening.widen_columns`); without
-        schema evolution it goes into the table's column where each value fits, its other rows
-        dead letters (:func:`kafka_delta.delta.promotion.fit_to_table`)."""
+    def materialize(self, out: DataFrame, split: bool = False) -> Materialized:
+        """The batch stays distributed. An append is handed back to be written as clean, in
+        the write's own job (:func:`..dead_letters.clean_rows`; see the module docstring),
+        unless ``split`` or a recent batch had dead letters: then it is cached once, its dead
+        letters collected and split off in Spark, as an upsert always is (its MERGE reads the
+        source more than once). A number column wider than the table's (a producer's int
+        became long) widens the table's column first, by a commit of its own
+        (:func:`.widening.widen_columns`); without schema evolution it goes into the table's
+        column where each value fits, its other rows dead letters
+        (:func:`kafka_delta.delta.promotion.fit_to_table`). The table is analysed once
+        (:meth:`.table.SparkTable.schema`), again only after a widening commit."""
         schema = self.table.schema()
         if (
             schema is not None
@@ -230,7 +256,14 @@ class DeltaSparkSink:
             schema = self.table.frame().schema
         if schema is not None and narrower_columns(out.schema, schema, widening=False):
             out = fit_to_table(out, schema, widening=False, why="delta.schema_evolution is fail")
-        return split_dead_letters_df(out)
+        if not split and self.mode.kind == "append" and not self._split_left:
+            return Materialized(clean_rows(out), None)
+        materialized = split_dead_letters_df(out)
+        if materialized.dead is not None:
+            self._split_left = SPLIT_AFTER_DEAD_LETTERS
+        elif self._split_left:
+            self._split_left -= 1
+        return materialized
 
     def _frame(self, rows: Rows) -> DataFrame:
         return rows if isinstance(rows, DataFrame) else self.spark.createDataFrame(rows)
@@ -248,11 +281,14 @@ class DeltaSparkSink:
 
     def _rows_committed(self, version: int, frame: DataFrame, table_log: TableLog) -> int:
         """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
-        from the history page the read-back just read (no second reading of the log); counted
-        with a Spark job only when the writer recorded no metrics (``spark.databricks.delta.
-        history.metricsEnabled`` off)."""
-        newest = table_log.history(METRICS_LOOKBACK)
-        entry = next((e for e in newest if e.get("version") == version), None)
+        from the history the read-back just read, where it found the commit (no second reading
+        of the log); counted with a Spark job only when the writer recorded no metrics
+        (``spark.databricks.delta.history.metricsEnabled`` off)."""
+        read = table_log.read_so_far() if isinstance(table_log, DeltaSparkLog) else ()
+        entry = next((e for e in read if e.get("version") == version), None)
+        if entry is None:
+            newest = table_log.history(METRICS_LOOKBACK)
+            entry = next((e for e in newest if e.get("version") == version), None)
         metrics = entry.get("operationMetrics") if entry is not None else None
         if isinstance(metrics, dict) and str(metrics.get("numOutputRows", "")).isdigit():
             return int(metrics["numOutputRows"])
@@ -344,11 +380,20 @@ class DeltaSparkSink:
                     writer = writer.option("mergeSchema", "true")
                 self.table.save(writer)
         except Exception as exc:
+            if CLEAN_WRITE_MARK in str(exc):
+                # Written as clean, the batch held a dead letter: the write failed before its
+                # commit, so nothing of the batch is in the table.
+                self._split_left = SPLIT_AFTER_DEAD_LETTERS
+                raise DeadLettersFound(
+                    f"batch {commit.batch_id} holds dead letters: written again with them split off"
+                ) from None
             if not lost_race(exc):
                 raise
             first = str(exc).splitlines()[0][:200]
             log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, first)
+        read_back = time.perf_counter()
         after_log, after = self._stored(commit, start)
+        read_back_s = time.perf_counter() - read_back
         if after is not None and (after.app_id, after.batch_id, after.seq) == (
             commit.app_id,
             commit.batch_id,
@@ -364,13 +409,18 @@ class DeltaSparkSink:
             if count is None:
                 assert after_log is not None
                 count = self._rows_committed(after.delta_version, frame, after_log)
-            return SinkResult(written=True, rows=count, delta_version=after.delta_version)
+            return SinkResult(
+                written=True,
+                rows=count,
+                delta_version=after.delta_version,
+                read_back_s=read_back_s,
+            )
         if self._is_replay(after, commit):
             # A concurrent run of this checkpoint committed the same batch first.
             log.info(
                 "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
             )
-            return SinkResult(written=False, rows=0, delta_version=None)
+            return SinkResult(written=False, rows=0, delta_version=None, read_back_s=read_back_s)
         # Pinned to a commit of the pipeline (the dead-letter table): the caller looks again.
         lost = FencingError if expected_seq is None else TableMovedError
         raise lost(

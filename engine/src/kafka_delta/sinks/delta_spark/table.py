@@ -221,15 +221,9 @@ class SparkTable:
         :class:`TableAccessError` when they do not: a missing table is created, a missing
         schema is the config's mistake). By path, whether the path holds a Delta table (the
         analysis of a read of it: no Spark job)."""
+        if self.name is None:
+            return self.schema() is not None
         try:
-            if self.name is None:
-                try:
-                    self.frame().schema  # noqa: B018  (analysis only: no Spark job)
-                except Exception as exc:
-                    if any(mark in str(exc) for mark in _NOT_A_TABLE):
-                        return False
-                    raise
-                return True
             parts = name_parts(self.name)
             self.spark.sql(f"DESCRIBE SCHEMA {quoted('.'.join(parts[:-1]))}").collect()
             return bool(self.spark.catalog.tableExists(self.name))
@@ -237,7 +231,22 @@ class SparkTable:
             raise self._failed(exc, "read") from None
 
     def schema(self) -> StructType | None:
-        """The table's columns, or None when it does not exist."""
+        """The table's columns, or None when it does not exist: ONE analysis of a read of the
+        table (no Spark job), which is also how its existence is told. Why one: every analysis
+        of a Delta table brings its snapshot up to date, which lists the table's log folder (on
+        a local or Hadoop file system the whole folder, so it costs more as the log grows), and
+        the sink reads the schema every batch; only a read that fails asks the catalog (by
+        name: whether the schema or the table is what is missing)."""
+        try:
+            return self.frame().schema
+        except Exception as exc:
+            text = str(exc)
+            if self.name is None and any(mark in text for mark in _NOT_A_TABLE):
+                return None
+            if self.name is None or "TABLE_OR_VIEW_NOT_FOUND" not in text:
+                raise self._failed(exc, "read") from None
+        # By name and not found: the catalog tells a missing schema or catalog (its sentence)
+        # from a missing table (None); a table created since the read is read again.
         if not self.exists():
             return None
         try:
@@ -253,8 +262,11 @@ class SparkTable:
 
     def history(self, limit: int | None) -> list[dict[str, object]]:
         """commitInfo dicts (:data:`HISTORY_COLUMNS`, ``timestamp`` in epoch milliseconds as
-        delta-rs gives it), newest first, from ``DESCRIBE HISTORY`` (which reads the newest
-        ``limit`` commit files on the driver, no Spark job); [] when there is no table."""
+        delta-rs gives it), newest first, from ``DESCRIBE HISTORY``; [] when there is no table.
+        Each call is a Spark job of its own (delta-spark's history manager reads the newest
+        ``limit`` commit files in one, ``spark.range(...).mapPartitions``) and brings the
+        table's snapshot up to date twice (two listings of its log folder), so the sink reads
+        one page per step and keeps it (:class:`.offset_store.DeltaSparkLog`)."""
         query = f"DESCRIBE HISTORY {self.sql_name()}" + (
             f" LIMIT {int(limit)}" if limit is not None else ""
         )
