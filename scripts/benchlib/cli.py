@@ -6,7 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from .rows import ROW_NAMES
+from .freshness import add_options as add_freshness_options
+from .freshness import check_options as check_freshness_options
+from .rows import OPT_IN_ROWS, ROW_NAMES
 from .sweep import FULL_RECORDS, SWEEP_PARTITIONS, scaled_batch_sizes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,9 +51,9 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     parser.add_argument(
         "--rows",
         type=_int_list,
-        default=sorted(ROW_NAMES),
-        help="rows to run, e.g. 4,5 while tuning the pipeline (default all, 1-11; the last line "
-        "shows nan for what was not measured)",
+        default=sorted(set(ROW_NAMES) - set(OPT_IN_ROWS)),
+        help="rows to run, e.g. 4,5 while tuning the pipeline (default 1-11; row 12, freshness, "
+        "only when named; the last line shows nan for what was not measured)",
     )
     parser.add_argument(
         "--floor-batches",
@@ -127,6 +129,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     scale.add_argument(
         "--many-batch-size", type=int, default=100, help="their records each (default 100)"
     )
+    add_freshness_options(parser)
     parser.add_argument(
         "--consumers", type=int, default=os.cpu_count() or 1, help="row 1 processes (cores)"
     )
@@ -151,6 +154,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         parser.error("--floor-batches must be at least 10 (the first five are warm-up)")
     if args.rss_batches < 1 or args.memory_batches < 0 or args.memory_batch_size < 1:
         parser.error("--rss-batches and --memory-batch-size must be >= 1, --memory-batches >= 0")
+    check_freshness_options(parser, args)
     args.batch_size = args.batch_size or default_batch_size(args.records)
     args.sweep_records = args.sweep_records or args.records
     args.sweep_batch_sizes = args.sweep_batch_sizes or scaled_batch_sizes(args.sweep_records)

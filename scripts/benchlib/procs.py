@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .fresh_worker import work_fresh_idiom, work_fresh_pipeline
 from .limits import work_consume, work_simple, work_simple_avro, work_write
 from .memory import TreeSampler
 from .spark_run import work_ceiling, work_pipeline, work_session
@@ -28,6 +29,8 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "pipeline": work_pipeline,
     "ceiling": work_ceiling,
     "session": work_session,
+    "fresh_pipeline": work_fresh_pipeline,
+    "fresh_idiom": work_fresh_idiom,
 }
 
 

@@ -22,7 +22,10 @@ ROW_NAMES = {
     9: "simple Avro ingest (fastavro > delta-rs + txn)",
     10: "ceiling: pipeline read path to Spark's noop sink",
     11: "pipeline into two tables (all + paid by route)",
+    12: "freshness: Kafka to a visible Delta commit (A, B, C)",
 }
+# Rows that run only when asked for by --rows (long, and measured apart from the others).
+OPT_IN_ROWS = (12,)
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)
 TIME_SPLIT = {

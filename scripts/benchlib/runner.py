@@ -13,6 +13,7 @@ from typing import Any
 
 from . import memory, startup
 from .cli import JARS_ENV, REPO
+from .freshness import FreshnessRun
 from .procs import WorkerError, run_worker
 from .report import (
     Results,
@@ -26,6 +27,7 @@ from .report import (
 )
 from .report import last_line as format_last_line
 from .rows import (
+    OPT_IN_ROWS,
     REPEATED,
     ROW_NAMES,
     Row,
@@ -389,7 +391,7 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5, 8, 10, 11} | ({6, 7} if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8, 10, 11, 12} | ({6, 7} if self.delta_jars()[0] else set())
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -755,8 +757,11 @@ class Bench:
             self.bootstrap = broker.bootstrap_servers
             say(f"    {self.bootstrap}")
             self.record_class_archive()
-            self.run_main()
+            if set(self.args.rows) - set(OPT_IN_ROWS):
+                self.run_main()
             self.run_session()
+            if 12 in self.args.rows:
+                FreshnessRun(self).run()
         finally:
             broker.stop()
             if self.registry is not None:
