@@ -140,6 +140,45 @@ def test_a_low_latency_run_commits_each_wave_exactly_once_and_the_group_follows(
     assert_offsets_agree(cfg)  # the commit-back's newest offsets, flushed at the stop
 
 
+@pytest.mark.spark
+def test_a_batchs_report_runs_while_the_next_batches_commit(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """The count, the lag, the commit-back hand-off, the progress line and the listeners of a
+    committed batch are off its critical path (kafka_delta.progress.reporter): a listener still
+    busy with batch 0 holds no later batch back, and the run ends with every batch reported."""
+    topics = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, topics, 300)
+    cfg = make_config(topics, max_records_per_trigger=100)
+
+    class SlowListener:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+            self.later_batches_committed: bool | None = None
+
+        def on_batch(self, progress) -> None:
+            if progress.batch_id == 0:
+                deadline = time.monotonic() + 60
+                while _rows(cfg) < 300 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                self.later_batches_committed = _rows(cfg) == 300
+            self.seen.append(progress.batch_id)
+
+        def on_run_end(self, commit_back) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    listener = SlowListener()
+    summary = Pipeline(spark, cfg, listeners=[listener]).run()
+    assert listener.later_batches_committed is True
+    assert listener.seen == [0, 1, 2]  # in order, every one, before run() returned
+    assert summary.batches == 3 and summary.rows_written == 300
+    assert_exactly_once(cfg, 300)
+    assert_offsets_agree(cfg)
+
+
 def _rows(cfg: PipelineConfig) -> int:
     try:
         return sum(table_ids(cfg).values())
