@@ -452,7 +452,7 @@ def _sides(text: str) -> list[str]:
 
     sides = [s.strip().upper() for s in text.split(",") if s.strip()]
     if not sides or set(sides) - set(SIDES) - {"A0"} or "A0" in sides:
-        raise argparse.ArgumentTypeError(f"sides are {','.join(SIDES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sides are A, B and C, got {text!r}")
     return sides
 
 
@@ -465,7 +465,9 @@ def add_options(parser: Any) -> None:
         help="records/s of the steady producer, one window per rate and side "
         "(default 1000,5000,20000)",
     )
-    group.add_argument("--freshness-sides", type=_sides, default=list(SIDES), help="default A,B,C")
+    group.add_argument(
+        "--freshness-sides", type=_sides, default=["A", "B", "C"], help="default A,B,C"
+    )
     group.add_argument(
         "--freshness-seconds", type=float, default=60.0, help="the measured window (default 60)"
     )
