@@ -5,6 +5,7 @@ process-tree memory, start-up phases from log lines, the last line, CSV and char
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from benchlib import cli, memory, report, rows, startup, sweep  # noqa: E402
+from benchlib import cli, memory, report, rows, startup, sweep, visibility  # noqa: E402
 
 NUMBER = r"(?:-?\d+(?:\.\d+)?|nan)"
 LAST_LINE = re.compile(
@@ -583,3 +584,101 @@ def test_delta_jars_default_honours_the_environment(monkeypatch: pytest.MonkeyPa
     assert cli.default_delta_jars() == local_folder()[0]
     monkeypatch.setenv("KAFKA_DELTA_JAR_CACHE", "/nonexistent/cache")
     assert cli.default_delta_jars() is None
+
+
+# -- row 16, freshness --------------------------------------------------------------------------
+
+FRESH_TINY = (
+    "--rows 16 --no-sweep --no-memory --partitions 2 --freshness-rates 300 "
+    "--freshness-sides A,C --freshness-seconds 3 --freshness-warmup 1"
+).split()
+
+
+def test_tiny_freshness_row_checks_each_window_record_once_on_each_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row 16's mechanics, CI-sized: a steady producer, a window after warm-up, every window
+    record found once in the side's table with its freshness; side C (Spark's own kafka source
+    and Delta sink) needs the connector jars, and says so without them. B runs A's worker on the
+    cluster engine: not repeated here."""
+    monkeypatch.setenv("SPARK_CLASS_ARCHIVE", "off")  # no first run recording one: seconds
+    result, figures = _bench(FRESH_TINY, tmp_path, timeout=600)
+    assert math.isnan(figures["pipeline"])  # no main row ran
+    assert "freshness: Kafka timestamp -> its commit visible in _delta_log" in result.stdout
+    with open(tmp_path / "freshness.csv", newline="") as f:
+        rows = {r["side"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"A", "C"}
+    jars = cli.default_delta_jars()
+    for side, row in rows.items():
+        if side == "C" and not jars:
+            assert "no delta-spark jars" in row["note"], row
+            continue
+        records = int(row["records"])
+        assert 600 <= records <= 1200, row  # 3 s at 300 records/s, give or take a tick
+        assert int(row["lost"]) == int(row["doubled"]) == 0, row
+        assert 0 < float(row["p50_s"]) <= float(row["p99_s"]) <= float(row["max_s"]), row
+        assert int(row["batches"]) >= 1 and float(row["tail_s"]) >= 0, row
+        assert float(row["triggerExecution"]) > 0, row  # Spark's timings of the window batches
+    # A's batch function, step by step (the engine's own steps, timed from outside).
+    a = rows["A"]
+    for step in ("fn_function", "fn_write", "fn_commit", "fn_report"):
+        assert float(a[step]) > 0, a
+    assert float(a["fn_function"]) >= float(a["fn_write"]) + float(a["fn_commit"]), a
+
+
+def test_freshness_counts_each_window_record_once_and_takes_the_nearest_rank() -> None:
+    np = pytest.importorskip("numpy")
+    # ids 10..14 are the window; 12 is there twice, 13 is missing, 99 is outside.
+    seen = visibility.Visible(
+        ids=np.array([10, 11, 12, 12, 14, 99]),
+        kafka_ts=np.array([1.0, 1.0, 2.0, 2.0, 3.0, 0.0]),
+        visible_at=np.array([2.0, 3.0, 3.0, 4.0, 7.0, 9.0]),
+        commit_times=np.array([2.0, 3.0, 4.0, 7.0, 9.0]),
+    )
+    r = visibility.freshness(seen, 10, 15)
+    assert (r.records, r.seen, r.lost, r.doubled) == (5, 4, 1, 1)
+    # Freshness of 10, 11, 12 (its first commit), 14: 1, 2, 1, 4 s.
+    assert (r.p50_s, r.p99_s, r.max_s) == (1.0, 4.0, 4.0)
+    assert r.batches == 4  # the commits at 2, 3, 4 and 7 hold window rows
+    assert r.versions_per_hour == pytest.approx(3 / 5 * 3600)
+    assert visibility.percentile(np.array([1.0, 2.0, 3.0, 4.0]), 50) == 2.0
+    assert math.isnan(visibility.percentile(np.array([]), 99))
+
+
+def test_the_window_is_committed_once_the_checkpoints_last_batch_covers_its_ends(
+    tmp_path: Path,
+) -> None:
+    assert visibility.latest_committed_ends(tmp_path) is None
+    for folder in ("offsets", "commits"):
+        (tmp_path / folder).mkdir()
+    metadata = '{"batchWatermarkMs":0,"batchTimestampMs":1}'
+    (tmp_path / "offsets" / "0").write_text(f'v1\n{metadata}\n{{"t":{{"0":5,"1":7}}}}\n')
+    (tmp_path / "offsets" / "1").write_text(f'v1\n{metadata}\n{{"t":{{"0":9,"1":7}}}}\n')
+    (tmp_path / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    # Batch 1 is planned, not committed: batch 0's ends are what the table is known to hold.
+    assert visibility.latest_committed_ends(tmp_path) == {"t": {0: 5, 1: 7}}
+    assert not visibility.covers({"t": {0: 5, 1: 7}}, {"t": {0: 6, 1: 7}})
+    (tmp_path / "commits" / "1").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    assert visibility.covers(visibility.latest_committed_ends(tmp_path), {"t": {0: 6, 1: 7}})
+
+
+def test_a_record_is_visible_from_the_commit_that_added_it_never_from_a_compaction(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    actions = [
+        [{"add": {"path": "a.parquet", "dataChange": True}}],
+        [
+            {"commitInfo": {"operation": "OPTIMIZE"}},
+            {"add": {"path": "b%20c.parquet", "dataChange": False}},
+        ],
+        [{"add": {"path": "d.parquet", "dataChange": True}}, {"txn": {"appId": "x", "version": 1}}],
+    ]
+    for version, lines in enumerate(actions):
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in lines) + "\n")
+    commits = visibility.data_commits(tmp_path)
+    assert [(c.version, c.files) for c in commits] == [
+        (0, (str(tmp_path / "a.parquet"),)),
+        (2, (str(tmp_path / "d.parquet"),)),
+    ]

@@ -135,6 +135,33 @@ def test_a_table_the_sink_creates_writes_a_delta_checkpoint_every_10_commits(
     assert "delta.checkpointInterval" not in DeltaTable(other).metadata().configuration
 
 
+def test_a_batch_commit_leaves_log_cleanup_to_maintenance(tmp_path: Path) -> None:
+    """delta-rs cleans up expired log entries after every commit unless told not to, listing
+    the whole log each time (a cost that grows with every version); the sink's commits leave it
+    to maintenance, whose commits apply the table's retention."""
+    uri = str(tmp_path / "t")
+    write_deltalake(
+        uri,
+        _rows(0),
+        configuration={
+            "delta.checkpointInterval": "3",
+            "delta.logRetentionDuration": "interval 0 seconds",
+        },
+    )
+    sink = DeltaRsSink(uri, "p")
+    for batch in range(7):
+        sink.commit_batch(_rows(batch + 1), BatchCommit("p", "p.q", batch, {"o": {0: batch + 1}}))
+    log = Path(uri) / "_delta_log"
+    # Checkpoints as the interval says (every 3rd commit), and every commit's file still there.
+    assert len(list(log.glob("*.checkpoint.parquet"))) == 2
+    assert len(list(log.glob("*.json"))) == 8
+    # Maintenance's commit (a compaction) applies the retention: the entries before the newest
+    # checkpoint go.
+    DeltaTable(uri).optimize.compact()
+    assert min(int(p.stem) for p in log.glob("*.json")) >= 5
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == list(range(8))
+
+
 # -- a promotion of the producers' schema on a table that exists ------------------------------
 
 

@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from .freshness import add_options as add_freshness_options
+from .freshness import check_options as check_freshness_options
 from .rows import OPT_IN, ROW_NAMES
 from .sweep import FULL_RECORDS, SWEEP_PARTITIONS, scaled_batch_sizes
 
@@ -66,8 +68,8 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         type=_int_list,
         default=sorted(set(ROW_NAMES) - set(OPT_IN)),
         help="rows to run, e.g. 4,5 while tuning the pipeline (default 1-14; row 15, the "
-        "pipeline on a two-worker standalone cluster, only when named; the last line shows nan "
-        "for what was not measured)",
+        "pipeline on a two-worker standalone cluster, and row 16, freshness, only when named; "
+        "the last line shows nan for what was not measured)",
     )
     parser.add_argument(
         "--floor-batches",
@@ -160,6 +162,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         "delta_spark (row 6's, in a process of its own, with the sink's log reads at the start "
         "against the end), or both (default delta_rs)",
     )
+    add_freshness_options(parser)
     parser.add_argument(
         "--consumers", type=int, default=os.cpu_count() or 1, help="row 1 processes (cores)"
     )
@@ -185,6 +188,7 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
     if args.rss_batches < 1 or args.memory_batches < 0 or args.memory_batch_size < 1:
         parser.error("--rss-batches and --memory-batch-size must be >= 1, --memory-batches >= 0")
     args.delta_jars_why = None if args.delta_jars else delta_jars_why()
+    check_freshness_options(parser, args)
     args.batch_size = args.batch_size or default_batch_size(args.records)
     args.sweep_records = args.sweep_records or args.records
     args.sweep_batch_sizes = args.sweep_batch_sizes or scaled_batch_sizes(args.sweep_records)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .fresh_worker import work_fresh_idiom, work_fresh_pipeline
 from .handwritten import work_stream
 from .limits import work_consume, work_simple, work_simple_avro, work_write
 from .memory import TreeSampler
@@ -30,6 +31,8 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "ceiling": work_ceiling,
     "session": work_session,
     "stream": work_stream,
+    "fresh_pipeline": work_fresh_pipeline,
+    "fresh_idiom": work_fresh_idiom,
 }
 
 

@@ -26,14 +26,17 @@ ROW_NAMES = {
     13: "hand-written readStream kafka > foreachBatch txn write",
     14: "pipeline, cluster engine (kafka source + delta-spark)",
     15: "row 4 on a standalone cluster: 2 workers x 1 core",
+    16: "freshness: Kafka to a visible Delta commit (A, B, C)",
 }
 # The rows on delta-spark's jars (14 and the hand-written 12 and 13 also on Spark's kafka
 # source's): skipped, saying why, where the jars are missing.
 DELTA_SPARK_ROWS = (6, 7, 12, 13, 14)
 KAFKA_SOURCE_ROWS = (12, 13, 14)
+# Freshness: windows of a steady producer, measured apart from the throughput rows.
+FRESHNESS_ROW = 16
 # Rows that run only when --rows names them: row 15 starts a Spark standalone cluster (a master
-# and two worker JVMs) beside the broker, which the default run has no use for.
-OPT_IN = (15,)
+# and two worker JVMs) beside the broker, which the default run has no use for; row 16 is long.
+OPT_IN = (15, FRESHNESS_ROW)
 # Rows that may run several times (--repeats), alternating, summarised by their medians.
 REPEATED = (4, 5)
 TIME_SPLIT = {

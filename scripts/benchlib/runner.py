@@ -13,6 +13,7 @@ from typing import Any
 
 from . import memory, startup
 from .cli import JARS_ENV, REPO
+from .freshness import FreshnessRun
 from .procs import WorkerError, run_worker
 from .report import (
     Results,
@@ -27,6 +28,7 @@ from .report import (
 from .report import last_line as format_last_line
 from .rows import (
     DELTA_SPARK_ROWS,
+    FRESHNESS_ROW,
     KAFKA_SOURCE_ROWS,
     REPEATED,
     ROW_NAMES,
@@ -405,7 +407,9 @@ class Bench:
         archive of Spark's classes as it exits, as a user's first local run does. Every later
         Spark worker maps it; without one, they all start cold."""
         a = self.args
-        spark_rows = {4, 5, 8, 10, 11} | (set(DELTA_SPARK_ROWS) if self.delta_jars()[0] else set())
+        spark_rows = {4, 5, 8, 10, 11, FRESHNESS_ROW} | (
+            set(DELTA_SPARK_ROWS) if self.delta_jars()[0] else set()
+        )
         if not (spark_rows & set(a.rows) or a.sweep or a.memory):
             return
         archive, env = self.archive, self.env
@@ -855,9 +859,12 @@ class Bench:
             self.bootstrap = broker.bootstrap_servers
             say(f"    {self.bootstrap}")
             self.record_class_archive()
-            self.run_main()
+            if set(self.args.rows) - {FRESHNESS_ROW}:
+                self.run_main()
             self.run_session()
             self.run_many_delta_spark()
+            if FRESHNESS_ROW in self.args.rows:
+                FreshnessRun(self).run()
         finally:
             broker.stop()
             if self.registry is not None:

@@ -196,6 +196,8 @@ def _run_pipeline(
             started = time.perf_counter()
             super()._process_batch(df, batch_id)
             elapsed = time.perf_counter() - started
+            if getattr(self, "_reporter", None) is not None:
+                self._reporter.flush()  # the batch's progress line, read below
             driver_mb, jvm_mb = probe.now()
             rows = self.summary.rows_written - rows_before
             progress = getattr(self, "last_progress", None)

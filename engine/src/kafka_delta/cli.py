@@ -48,6 +48,13 @@ def _parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
         help="override trigger.mode: run until caught up, or continuously",
     )
     parser.add_argument(
+        "--trigger-interval",
+        type=float,
+        metavar="SECONDS",
+        help="override trigger.interval_seconds of a continuous run (0: the next batch as soon "
+        "as the last one ends, the low-latency setting)",
+    )
+    parser.add_argument(
         "--max-records-per-trigger", type=int, help="override kafka.max_records_per_trigger"
     )
     parser.add_argument(

@@ -22,7 +22,7 @@ def build_source(config: PipelineConfig) -> Source:
     if config.engine.source == "embedded":
         from kafka_delta.sources.embedded import EmbeddedSource
 
-        return EmbeddedSource(config.kafka)
+        return EmbeddedSource(config.kafka, idle_poll_s=config.trigger.idle_poll)
     if config.engine.source == "spark_kafka":
         from kafka_delta.sources.spark_kafka import SparkKafkaSource
 

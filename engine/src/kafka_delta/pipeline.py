@@ -44,6 +44,7 @@ from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_i
 from kafka_delta.offsets.topic_identity import recreated_while_running
 from kafka_delta.progress.batch import BatchProgress, ProgressListener, StepClock, steps_text
 from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
+from kafka_delta.progress.reporter import BatchReporter
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
 from kafka_delta.resume import ResumePlanner, first_positions, joined_at
@@ -91,6 +92,10 @@ __all__ = [
     "RunSummary",
     "TriggerNotSupportedError",
 ]
+
+
+# Spark's pause before it asks a streaming source again after it had nothing new.
+POLLING_DELAY = "spark.sql.streaming.pollingDelay"
 
 
 class TriggerNotSupportedError(RuntimeError):
@@ -292,6 +297,8 @@ class Pipeline:
         self._known: Offsets = {}
         self._gate = StopGate()
         self._query: StreamingQuery | None = None
+        # Reports committed batches in order, off their critical path, while the run lasts.
+        self._reporter: BatchReporter | None = None
         # Where this run moved a checkpoint the table had left behind (None: kept).
         self.set_aside_as: str | None = None
         # Kafka's ids of the topics, as this run found them; the stored offsets of topics
@@ -317,7 +324,16 @@ class Pipeline:
     # process under Spark Connect, which builds its own Kafka admin client and reports each
     # batch back (BatchMailbox); the process that started the run commits the group's
     # offsets, logs the progress line and calls the listeners, as a classic run does.
-    _DRIVER_ONLY = ("spark", "admin", "committer", "listeners", "_gate", "_query", "_mailbox")
+    _DRIVER_ONLY = (
+        "spark",
+        "admin",
+        "committer",
+        "listeners",
+        "_gate",
+        "_query",
+        "_mailbox",
+        "_reporter",
+    )
 
     def __getstate__(self) -> dict[str, object]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DRIVER_ONLY}
@@ -348,6 +364,7 @@ class Pipeline:
         self.listeners = []
         self._gate = StopGate()
         self._query = None
+        self._reporter = None
         self._mailbox = BatchMailbox(self.config.checkpoint, self.run_id)
         self._worker = True
 
@@ -442,12 +459,15 @@ class Pipeline:
             .option("checkpointLocation", self.config.checkpoint)
             .foreachBatch(self._gated_batch)
         )
-        if self.config.trigger.mode == "available_now":
+        trigger = self.config.trigger
+        if trigger.mode == "available_now":
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(
-                processingTime=f"{self.config.trigger.interval_seconds} seconds"
-            )
+            writer = writer.trigger(processingTime=f"{trigger.interval_seconds} seconds")
+        if trigger.idle_poll is not None:
+            # Interval 0: Spark asks the source again this long after finding nothing new (its
+            # own 10 ms cost an idle run 15-20% of a core); read as the query starts.
+            self.spark.conf.set(POLLING_DELAY, f"{max(1, round(trigger.idle_poll * 1000))}ms")
         try:
             self._query = writer.start()
         except Exception as exc:
@@ -750,11 +770,8 @@ class Pipeline:
             rows=sum(r.rows for r in written),
             delta_version=written[-1].delta_version if written else None,
         )
-        read = 0 if observation is None else records_read(observation)
         dead_letters = sum(s.dead_letters for s in shares)
-        progress = self._progress(
-            batch_id, read, result, dead_letters, end, time.perf_counter() - started
-        )
+        elapsed = time.perf_counter() - started
         # Each table's share, by the name its commits carry (one table's commits name none).
         tables = {
             s.run.commit_name: {
@@ -766,15 +783,29 @@ class Pipeline:
             for s in shares
             if s.run.commit_name is not None
         }
-        progress = replace(
-            progress, tables=tables or None, steps=clock.figures() if clock is not None else None
-        )
-        report = BatchReport(progress, group)
-        if self._worker:  # the Connect server's process: the run's own process delivers it
-            assert self._mailbox is not None
-            self._mailbox.post(report)
+
+        def report() -> None:
+            read = 0 if observation is None else records_read(observation)
+            progress = self._progress(batch_id, read, result, dead_letters, end, elapsed)
+            progress = replace(
+                progress,
+                tables=tables or None,
+                steps=clock.figures() if clock is not None else None,
+            )
+            if self._worker:  # the Connect server's process: the run's own process delivers it
+                assert self._mailbox is not None
+                self._mailbox.post(BatchReport(progress, group))
+            else:
+                self._deliver(BatchReport(progress, group))
+
+        if self._reporter is None:
+            # The Connect server's process: the batch function's process may end with the
+            # query, so its report is posted before the function returns.
+            report()
         else:
-            self._deliver(report)
+            # Off the critical path (kafka_delta.progress.reporter): the next batch starts
+            # while this one's count, lag, commit-back hand-off and progress line are done.
+            self._reporter.submit(report)
 
     def _deliver(self, report: BatchReport) -> None:
         """What follows a committed batch in the process that started the run: the group's
@@ -1049,6 +1080,7 @@ class Pipeline:
         registry_waits, committed = iter(backoff), 0
         kafka = self.config.kafka
         outage = KafkaOutage(kafka.bootstrap_servers, kafka.unavailable_timeout_seconds)
+        self._reporter = BatchReporter()
         try:
             while True:
                 began, query = time.monotonic(), None
@@ -1078,6 +1110,10 @@ class Pipeline:
                     if not self._restart_after(exc, registry_waits, outage):
                         raise
         finally:
+            # Every committed batch reported (the group's offsets submitted) before the hook's
+            # last flush.
+            self._reporter.close()
+            self._reporter = None
             if self.committer is not None:
                 self.summary.commit_back = self.committer.close()
             for listener in self.listeners:

@@ -102,6 +102,7 @@ def build_config(args: argparse.Namespace, *, every_table: bool = False) -> Pipe
             "checkpoint": absolute_path(args.checkpoint),
             # Run options; a subcommand's parser (add_config_options only) has none of them.
             "trigger.mode": getattr(args, "trigger", None) and args.trigger.replace("-", "_"),
+            "trigger.interval_seconds": getattr(args, "trigger_interval", None),
             "kafka.max_records_per_trigger": getattr(args, "max_records_per_trigger", None),
             "engine": getattr(args, "engine", None),
         },

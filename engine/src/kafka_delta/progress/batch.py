@@ -190,9 +190,10 @@ def run_rate(batches: Sequence[BatchProgress]) -> RunRate | None:
 
 
 class ProgressListener(Protocol):
-    """Receives every batch's figures. Called on the driver, in the batch function, after the
-    Delta commit: it must be quick, and a listener that raises is logged and ignored (a
-    committed batch never fails because of monitoring)."""
+    """Receives every batch's figures. Called on the driver after the batch's Delta commit, in
+    the run's reporting thread (kafka_delta.progress.reporter), batch after batch while later
+    batches run: a slow listener delays the reports, not the batches; a listener that raises is
+    logged and ignored (a committed batch never fails because of monitoring)."""
 
     def on_batch(self, progress: BatchProgress) -> None: ...
 

@@ -23,10 +23,12 @@ def embedded_source_options(
     read_tasks: int,
     decode: DecodeSpec | None = None,
     topic_ids: Mapping[str, str] | None = None,
+    idle_poll_s: float | None = None,
 ) -> dict[str, str]:
     """Options of the ``kafka_embedded`` data source (:mod:`.kafka_datasource`) for ``kafka``;
     ``topic_ids``: Kafka's ids of the topics as the pipeline found them at start, which the
-    source's planning holds every batch's metadata against."""
+    source's planning holds every batch's metadata against; ``idle_poll_s``: the low-latency
+    trigger's look for new records while none are waiting (``trigger.idle_poll_seconds``)."""
     extra = {k: v for k, v in kafka.client_config().items() if k != "bootstrap.servers"}
     options = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
@@ -45,6 +47,8 @@ def embedded_source_options(
         options["storedOffsets"] = json.dumps(offsets_to_json(stored.offsets))
     if topic_ids:
         options["topicIds"] = json.dumps(dict(sorted(topic_ids.items())))
+    if idle_poll_s is not None:
+        options["idlePollMs"] = str(max(1, round(idle_poll_s * 1000)))
     return options
 
 
@@ -57,8 +61,9 @@ class EmbeddedSource:
     # batch, and stops the query on a topic recreated since (kafka_datasource).
     checks_topic_ids = True
 
-    def __init__(self, kafka: KafkaConfig) -> None:
+    def __init__(self, kafka: KafkaConfig, idle_poll_s: float | None = None) -> None:
         self.kafka = kafka
+        self.idle_poll_s = idle_poll_s
 
     def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
         """The read task's: the data source, confluent-kafka and the decoders."""
@@ -79,6 +84,6 @@ class EmbeddedSource:
         # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
         options = embedded_source_options(
-            self.kafka, stored, default_parallelism(spark), decode, topic_ids
+            self.kafka, stored, default_parallelism(spark), decode, topic_ids, self.idle_poll_s
         )
         return spark.readStream.format(SOURCE_NAME).options(**options).load()

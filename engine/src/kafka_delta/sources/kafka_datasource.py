@@ -21,7 +21,8 @@ ranges are split or grouped to this many; the driver passes Spark's default para
 :class:`..decoding.spec.DecodeSpec` as JSON: the read task decodes the records into typed
 columns, and the source's schema is the decoder's output instead of the Kafka columns), and
 ``topicIds`` (JSON ``{"topic": "<Kafka topic id>"}``: the ids the pipeline found when it
-started).
+started), and ``idlePollMs`` (the low-latency trigger, ``trigger.interval_seconds: 0``: see
+below).
 
 Kafka round trips of planning one micro-batch (``latestOffset``): ONE metadata request, which
 answers both the subscription's partitions (partitions added are read) and the topics' ids,
@@ -30,6 +31,16 @@ is not the one in ``topicIds`` (or the one the planner saw first) was deleted an
 while the pipeline read it: planning stops the query with
 :class:`~kafka_delta.offsets.topic_identity.TopicRecreatedError` before the batch is planned
 (I12), so the pipeline's batch function asks Kafka for no topic ids of its own.
+
+The low-latency trigger's bounded wait (``idlePollMs``): Spark starts the next batch as soon as
+the last one ends, and asks the source again whenever it found nothing new. Each of those asks
+is a full planning (the metadata request, both ListOffsets, a round trip from the JVM to this
+process): at Spark's own pace (every 10 ms) that cost an idle run 15-20% of a core. So when no
+partition has records past the batch's start, ``latestOffset`` waits for some, up to
+:data:`IDLE_WAIT_S`, looking at the partitions' latest offsets every ``idlePollMs`` (one
+ListOffsets request), and plans as soon as one moved: records arriving at an idle pipeline
+start a batch within ``idlePollMs``. The wait is bounded so that Spark's loop (its progress
+reports, a stop) is never held longer.
 """
 
 from __future__ import annotations
@@ -74,6 +85,8 @@ log = logging.getLogger(__name__)
 SOURCE_NAME = "kafka_embedded"
 
 _ROWS_PER_ARROW_BATCH = 50_000
+# The low-latency trigger: how long latestOffset holds an answer of "nothing new" (see above).
+IDLE_WAIT_S = 1.0
 
 
 class DataLossError(RuntimeError):
@@ -93,6 +106,7 @@ class SourceOptions:
     kafka_config: dict[str, str]
     decode_spec: str | None = None
     topic_ids: tuple[tuple[str, str], ...] = ()
+    idle_poll_ms: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -125,6 +139,7 @@ class SourceOptions:
             topic_ids=tuple(
                 sorted((str(t), str(i)) for t, i in json.loads(get("topicIds", "{}")).items())
             ),
+            idle_poll_ms=int(get("idlePollMs") or 0) or None,
         )
 
     def client_config(self) -> dict[str, str]:
@@ -316,6 +331,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("availableNow target offsets: %s", offsets_to_json(self._target))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        planned = self._plan(start, limit)
+        if self.options.idle_poll_ms is None or self._target is not None or planned != start:
+            return planned
+        # Nothing new (the low-latency trigger): wait for records before answering.
+        deadline = time.monotonic() + IDLE_WAIT_S
+        watched = {t: [int(p) for p in parts] for t, parts in start.items()}
+        while time.monotonic() < deadline:
+            time.sleep(self.options.idle_poll_ms / 1000)
+            latest = self.admin.latest(watched)
+            if any(
+                o > int(start[t][str(p)]) for t, parts in latest.items() for p, o in parts.items()
+            ):
+                return self._plan(start, limit)
+        return planned
+
+    def _plan(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end offsets of the next batch from ``start``, as Spark's ``latestOffset`` asks."""
         begin = offsets_from_json(start)
         partitions = self._partitions()
         marks = self.admin.watermarks(partitions)

@@ -1,0 +1,516 @@
+"""Row 16, freshness: how long a record takes from Kafka to a visible Delta commit, side by side
+in one run on one broker (opt-in: ``--rows 16``):
+
+- A: the project's continuous run on the embedded engine, with the documented low-latency
+  trigger (``--freshness-trigger``);
+- B: the same on the cluster engine (Spark's kafka source, delta-spark), with the jars;
+- C: a hand-written ``readStream.format("kafka")`` -> ``writeStream.format("delta")`` at Spark's
+  fastest trigger (none set).
+
+Each side, at each rate of ``--freshness-rates``, gets a topic of its own (``--partitions``) and
+a worker process (:mod:`.fresh_worker`), while a steady producer in this process writes the
+sample order events at that rate. Once the side's first batch is committed and
+``--freshness-warmup`` seconds have passed (start-up and the backlog it leaves are not
+measured), the next ``--freshness-seconds`` seconds of records are the window. Per window
+record: the commit that added it became visible in ``_delta_log`` (the commit file's time)
+minus its Kafka timestamp (:mod:`.visibility`); p50, p99 and max, and each window id checked
+once in the table (lost: missing; doubled: there twice).
+
+The tail: a broker may serve a partition's newest records only once another record follows
+them (Tansu 0.6 does), and no side can commit a record it has not been served. So the producer
+runs on at the same rate after the window until Spark's checkpoint records a batch whose end
+offsets cover the window's last records (at most ``--freshness-tail-max`` seconds); only the
+window's records are measured, and a window record not committed by then counts as lost.
+
+``--freshness-before REV`` adds side A0 before A at each rate: A's worker on the engine as it was
+at git revision REV (exported from this repository into the output folder and put first on the
+worker's PYTHONPATH), with ``--freshness-before-trigger``: the step shares of one small batch
+before and after a change, from one run on one machine state.
+
+Step shares: Spark's timings of each trigger (planning the ends, the offset log, the batch,
+the commit log) and, on A and B, the batch function's own steps (the plan, the replay and
+fencing check, the write job, the Delta commit, the report with its commit-back hand-off),
+averaged over the window's batches.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .procs import WorkerError, run_worker
+from .report import say
+from .visibility import Freshness, covers, freshness, latest_committed_ends, visible_records
+
+REPO = Path(__file__).resolve().parents[2]
+SIDES = {
+    "A0": "project, embedded engine, before",
+    "A": "project, embedded engine",
+    "B": "project, cluster engine (jars)",
+    "C": "hand-written readStream kafka > writeStream delta",
+}
+CLUSTER_ENGINE = "cluster"
+# The producer sends what is due every TICK_S: a steady rate, not bursts.
+TICK_S = 0.005
+# How long a side may take to commit its first batch (JVM start, the topic's backlog).
+FIRST_BATCH_TIMEOUT_S = 300.0
+# Step shares: Spark's durations, and the batch function's own steps (A and B).
+SPARK_COLUMNS = (
+    "latestOffset",
+    "walCommit",
+    "getBatch",
+    "queryPlanning",
+    "addBatch",
+    "commitOffsets",
+)
+FUNCTION_COLUMNS = ("plan", "check", "write", "commit", "count", "report")
+
+
+class SteadyProducer:
+    """Writes order events with ids 0, 1, 2 ... at ``rate`` records/s round-robin over the
+    topic's partitions, from a thread, until :meth:`stop`. librdkafka stamps each record with
+    the time of its ``produce()`` call (CreateTime): the freshness measured starts there."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.partitions, self.rate = topic, partitions, rate
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.next_id = 0
+        self._end_id: int | None = None
+        self._last_below_end: dict[int, int] = {}
+        self._delivered_below_end = 0
+        self._failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
+        self.behind_max = 0
+
+    def start(self) -> SteadyProducer:
+        self._thread.start()
+        return self
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._failed += 1
+            return
+        if self._end_id is None or int(msg.key()) < self._end_id:
+            self._delivered_below_end += 1
+            self._last_below_end[msg.partition()] = msg.offset()
+
+    def _run(self) -> None:
+        from kafka_delta_dev.produce import event
+
+        rng = random.Random(7)
+        started = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            self.behind_max = max(self.behind_max, due - self.next_id)
+            while self.next_id < due:
+                i = self.next_id
+                value = event(i, rng)
+                while True:
+                    try:
+                        self.producer.produce(
+                            self.topic,
+                            value=value,
+                            key=str(i).encode(),
+                            partition=i % self.partitions,
+                            on_delivery=self._delivered,
+                        )
+                        break
+                    except BufferError:
+                        self.producer.poll(0.01)
+                self.next_id += 1
+            self.producer.poll(0)
+            time.sleep(TICK_S)
+        self.producer.flush(60)
+
+    def mark(self) -> int:
+        """The id of the next record: a window's first id, or (exclusive) its end."""
+        return self.next_id
+
+    def end_window(self) -> tuple[int, dict[str, dict[int, int]]]:
+        """Close the window at the next id: (that id, the offsets after the window's last record
+        per partition, once every window record is acknowledged)."""
+        self._end_id = end = self.next_id
+        deadline = time.monotonic() + 60
+        while self._delivered_below_end < end and time.monotonic() < deadline:
+            time.sleep(0.01)  # the producer thread's poll() runs the delivery callbacks
+        if self._delivered_below_end < end:
+            raise RuntimeError(f"{end - self._delivered_below_end} window records unacknowledged")
+        return end, {self.topic: {p: o + 1 for p, o in self._last_below_end.items()}}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=90)
+        if self._failed:
+            raise RuntimeError(f"{self._failed} records were not delivered")
+
+
+@dataclass
+class FreshRow:
+    side: str
+    rate: int
+    window_s: float
+    result: Freshness | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # mean ms per window batch
+    tail_s: float = math.nan
+    producer_behind_max: int = 0
+    note: str = ""
+    skipped: str = ""
+    failed: str = ""
+
+    @property
+    def name(self) -> str:
+        return SIDES[self.side]
+
+
+def _mean_steps(result: dict[str, Any], first: float, last: float) -> dict[str, float]:
+    """Mean ms per batch of each step, over the batches that ended inside [first, last]."""
+    steps: dict[str, float] = {}
+    progress = [
+        p
+        for p in result.get("progress", [])
+        if first <= p["started"] + p["triggerExecution"] / 1e3 <= last
+    ]
+    if progress:
+        for name in (*SPARK_COLUMNS, "triggerExecution"):
+            steps[name] = sum(p.get(name, 0.0) for p in progress) / len(progress)
+        steps["rows"] = sum(p["rows"] for p in progress) / len(progress)
+        starts = sorted(p["started"] for p in progress)
+        steps["trigger_every"] = (
+            (starts[-1] - starts[0]) / (len(starts) - 1) * 1e3 if len(starts) > 1 else math.nan
+        )
+        steps["batches"] = len(progress)
+    batches = [b for b in result.get("batches", []) if first <= b["end"] <= last]
+    if batches:
+        for name in ("function", *FUNCTION_COLUMNS):
+            steps[f"fn_{name}"] = sum(b.get(name, 0.0) for b in batches) / len(batches) * 1e3
+    return steps
+
+
+class FreshnessRun:
+    """Row 16 for every side and rate of the options, in one run on the bench's broker."""
+
+    def __init__(self, bench: Any) -> None:
+        self.bench = bench
+        self.args = bench.args
+        self.rows: list[FreshRow] = []
+
+    def worker_spec(self, side: str, label: str, topic: str) -> tuple[str, dict[str, Any]]:
+        b, out = self.bench, self.bench.out
+        spec = b.session_spec(
+            name=f"fresh-{label}",
+            topic=topic,
+            table=str(out / "tables" / label),
+            checkpoint=str(out / "checkpoints" / label),
+            stop_file=str(out / "logs" / f"{label}.stop"),
+            decoding=b.decoding(),
+        )
+        if side == "A0":
+            trigger = json.loads(self.args.freshness_before_trigger)
+            return "fresh_pipeline", {**spec, "engine": "embedded", "trigger": trigger}
+        if side == "A":
+            return "fresh_pipeline", {**spec, "engine": "embedded", "trigger": self.trigger()}
+        jars, why_not = b.delta_jars()
+        if not jars:
+            raise LookupError(why_not)
+        if side == "B":
+            spec.update(engine=CLUSTER_ENGINE, trigger=self.trigger(), jars=jars)
+            return "fresh_pipeline", spec
+        return "fresh_idiom", {**spec, "jars": jars}
+
+    def before_env(self) -> dict[str, str]:
+        """The workers' environment with the engine of ``--freshness-before`` first on the path:
+        ``engine/src`` of that revision, exported once into the output folder."""
+        import subprocess
+
+        rev = self.args.freshness_before
+        folder = self.bench.out / f"engine-{rev}"
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", rev, "engine/src"],
+                check=True,
+                capture_output=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        env = dict(self.bench.env)
+        env["PYTHONPATH"] = f"{folder / 'engine' / 'src'}:{env['PYTHONPATH']}"
+        return env
+
+    def trigger(self) -> dict[str, Any]:
+        return json.loads(self.args.freshness_trigger)
+
+    def measure(self, side: str, rate: int) -> FreshRow:
+        a, b = self.args, self.bench
+        row = FreshRow(side, rate, a.freshness_seconds)
+        label = f"16-fresh-{side}-r{rate}"
+        topic = f"fresh-{side.lower()}-r{rate}"
+        say(f"==> 16. freshness {side} ({row.name}) at {rate:,} records/s")
+        try:
+            kind, spec = self.worker_spec(side, label, topic)
+        except LookupError as exc:
+            row.skipped = f"skipped: {exc}"
+            say(f"    {row.skipped}")
+            return row
+        b.produce_mod.ensure_topics(b.bootstrap, [topic], a.partitions)
+        outcome: dict[str, Any] = {}
+
+        env = self.before_env() if side == "A0" else b.env
+
+        def work() -> None:
+            try:
+                outcome["result"], _, _ = run_worker(kind, spec, b.out, label, env, a.timeout)
+            except WorkerError as exc:
+                outcome["error"] = str(exc)
+
+        worker = threading.Thread(target=work, name=label)
+        worker.start()
+        producer = SteadyProducer(b.bootstrap, topic, a.partitions, rate).start()
+        checkpoint, table = Path(spec["checkpoint"]), Path(spec["table"])
+        try:
+            first = self._wait(lambda: latest_committed_ends(checkpoint) is not None, worker)
+            if not first:
+                raise RuntimeError(f"no batch committed within {FIRST_BATCH_TIMEOUT_S:.0f} s")
+            time.sleep(a.freshness_warmup)
+            first_id, window_start = producer.mark(), time.time()
+            time.sleep(a.freshness_seconds)
+            end_id, ends = producer.end_window()
+            window_end = time.time()
+            covered = self._wait(
+                lambda: covers(latest_committed_ends(checkpoint), ends),
+                worker,
+                a.freshness_tail_max,
+            )
+            row.tail_s = time.time() - window_end
+            if not covered:
+                row.note = f"window not committed {a.freshness_tail_max:.0f} s after it ended"
+        except Exception as exc:
+            row.failed = str(exc)
+        finally:
+            try:
+                producer.stop()
+            except RuntimeError as exc:
+                row.failed = row.failed or str(exc)
+            Path(spec["stop_file"]).touch()
+            worker.join(a.timeout)
+        row.producer_behind_max = producer.behind_max
+        if "error" in outcome:
+            row.failed = outcome["error"]
+        if row.failed:
+            b.problems.append(f"freshness {side} at {rate}/s: {row.failed.splitlines()[0]}")
+            say(f"    FAILED: {row.failed}")
+            return row
+        row.result = freshness(visible_records(table), first_id, end_id)
+        row.steps = _mean_steps(outcome["result"], window_start, window_end + row.tail_s)
+        if row.result.lost or row.result.doubled:
+            b.problems.append(
+                f"freshness {side} at {rate}/s: {row.result.lost} lost, {row.result.doubled} "
+                "doubled"
+            )
+        say(f"    {row_text(row)}")
+        return row
+
+    @staticmethod
+    def _wait(done: Any, worker: threading.Thread, timeout: float = FIRST_BATCH_TIMEOUT_S) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done():
+                return True
+            if not worker.is_alive():
+                return False
+            time.sleep(0.2)
+        return False
+
+    def run(self) -> list[FreshRow]:
+        a = self.args
+        say(
+            f"==> 16. freshness: {a.freshness_seconds:.0f} s windows after "
+            f"{a.freshness_warmup:.0f} s of warm-up, {a.partitions} partitions, rates "
+            f"{', '.join(f'{r:,}' for r in a.freshness_rates)} records/s, sides "
+            f"{','.join(a.freshness_sides)}; trigger of A and B: {a.freshness_trigger}"
+        )
+        sides = (["A0"] if a.freshness_before else []) + a.freshness_sides
+        for rate in a.freshness_rates:
+            for side in sides:
+                self.rows.append(self.measure(side, rate))
+        print_rows(self.rows)
+        write_rows(self.rows, self.bench.out)
+        return self.rows
+
+
+def row_text(row: FreshRow) -> str:
+    r = row.result
+    if r is None:
+        return row.skipped or row.failed
+    return (
+        f"p50 {r.p50_s:.2f} s, p99 {r.p99_s:.2f} s, max {r.max_s:.2f} s over {r.records:,} "
+        f"records in {r.batches} batches ({r.versions_per_hour:,.0f} versions/h), {r.lost} lost, "
+        f"{r.doubled} doubled; tail {row.tail_s:.1f} s"
+    )
+
+
+def print_rows(rows: list[FreshRow]) -> None:
+    say("")
+    say("freshness: Kafka timestamp -> its commit visible in _delta_log (seconds)")
+    say(
+        f"{'side':<4} {'rate/s':>7} {'p50':>6} {'p90':>6} {'p99':>6} {'max':>6} {'lost':>5} "
+        f"{'doubled':>7} {'batches':>7} {'versions/h':>10}  what"
+    )
+    for row in rows:
+        r = row.result
+        if r is None:
+            say(f"{row.side:<4} {row.rate:>7,} {row.skipped or 'FAILED':>6}  {row.name}")
+            continue
+        say(
+            f"{row.side:<4} {row.rate:>7,} {r.p50_s:>6.2f} {r.p90_s:>6.2f} {r.p99_s:>6.2f} "
+            f"{r.max_s:>6.2f} {r.lost:>5} {r.doubled:>7} {r.batches:>7} "
+            f"{r.versions_per_hour:>10,.0f}  {row.name}"
+        )
+    measured = [r for r in rows if r.steps]
+    if not measured:
+        return
+    say("")
+    say("where a window batch's time goes (mean ms per batch)")
+    columns = ("rows", "trigger_every", "triggerExecution", *SPARK_COLUMNS)
+    columns += tuple(f"fn_{c}" for c in ("function", *FUNCTION_COLUMNS))
+    say(f"{'side':<4} {'rate/s':>7} " + " ".join(f"{c.removeprefix('fn_'):>9.9}" for c in columns))
+    for row in measured:
+        say(
+            f"{row.side:<4} {row.rate:>7,} "
+            + " ".join(f"{row.steps[c]:>9.1f}" if c in row.steps else f"{'-':>9}" for c in columns)
+        )
+
+
+def write_rows(rows: list[FreshRow], out: Path) -> Path:
+    path = out / "freshness.csv"
+    fields = [
+        "side",
+        "rate",
+        "what",
+        "window_s",
+        "records",
+        "lost",
+        "doubled",
+        "p50_s",
+        "p90_s",
+        "p99_s",
+        "max_s",
+        "mean_s",
+        "batches",
+        "versions_per_hour",
+        "tail_s",
+        "producer_behind_max",
+        "note",
+    ]
+    steps = sorted({k for r in rows for k in r.steps})
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*fields, *steps])
+        writer.writeheader()
+        for row in rows:
+            line: dict[str, Any] = {
+                "side": row.side,
+                "rate": row.rate,
+                "what": row.name,
+                "window_s": row.window_s,
+                "tail_s": round(row.tail_s, 2),
+                "producer_behind_max": row.producer_behind_max,
+                "note": row.skipped or row.failed or row.note,
+                **{k: round(v, 2) for k, v in row.steps.items()},
+            }
+            if row.result is not None:
+                line.update(
+                    {
+                        k: round(v, 4) if isinstance(v, float) else v
+                        for k, v in row.result.__dict__.items()
+                        if k in fields
+                    }
+                )
+            writer.writerow(line)
+    return path
+
+
+def _rates(text: str) -> list[int]:
+    import argparse
+
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _sides(text: str) -> list[str]:
+    import argparse
+
+    sides = [s.strip().upper() for s in text.split(",") if s.strip()]
+    if not sides or set(sides) - set(SIDES) - {"A0"} or "A0" in sides:
+        raise argparse.ArgumentTypeError(f"sides are A, B and C, got {text!r}")
+    return sides
+
+
+def add_options(parser: Any) -> None:
+    group = parser.add_argument_group("freshness (row 16, only with --rows 16)")
+    group.add_argument(
+        "--freshness-rates",
+        type=_rates,
+        default=[1_000, 5_000, 20_000],
+        help="records/s of the steady producer, one window per rate and side "
+        "(default 1000,5000,20000)",
+    )
+    group.add_argument(
+        "--freshness-sides", type=_sides, default=["A", "B", "C"], help="default A,B,C"
+    )
+    group.add_argument(
+        "--freshness-seconds", type=float, default=60.0, help="the measured window (default 60)"
+    )
+    group.add_argument(
+        "--freshness-warmup",
+        type=float,
+        default=15.0,
+        help="seconds after a side's first committed batch before the window (default 15)",
+    )
+    group.add_argument(
+        "--freshness-tail-max",
+        type=float,
+        default=120.0,
+        help="seconds the producer runs on after the window, at most, until the window is "
+        "committed (default 120)",
+    )
+    group.add_argument(
+        "--freshness-trigger",
+        default='{"mode": "processing_time", "interval_seconds": 0}',
+        help="the trigger of A and B, as the config's trigger: section in JSON (default the "
+        "low-latency setting)",
+    )
+    group.add_argument(
+        "--freshness-before",
+        metavar="REV",
+        help="add side A0 before A: A on the engine of this git revision (a step's share "
+        "before and after a change, in one run)",
+    )
+    group.add_argument(
+        "--freshness-before-trigger",
+        default='{"mode": "processing_time", "interval_seconds": 0.001}',
+        help="A0's trigger (default the fastest an engine without interval 0 takes)",
+    )
+
+
+def check_options(parser: Any, args: Any) -> None:
+    if args.freshness_seconds <= 0 or args.freshness_warmup < 0 or args.freshness_tail_max <= 0:
+        parser.error(
+            "--freshness-seconds and --freshness-tail-max must be > 0, --freshness-warmup >= 0"
+        )
+    try:
+        trigger = json.loads(args.freshness_trigger)
+    except ValueError:
+        trigger = None
+    if not isinstance(trigger, dict):
+        parser.error(f"--freshness-trigger: not a JSON object: {args.freshness_trigger!r}")
