@@ -479,7 +479,9 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=nan us_per_record=nan startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=nan delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan "
+        "delta_spark_to_stream=nan delta_spark_to_foreach_batch=nan cluster_to_stream=nan "
+        "delta_spark_log_read_s=nan"
     )
     results.rows.append(rows.Row(6, "delta-spark", 20_000, skipped="skipped: no jars"))
     for size, fixed in ((10_000, 0.61), (100_000, 0.61)):
@@ -496,7 +498,9 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "batch_fixed_s=0.610 us_per_record=2.80 startup_s=12.3 overhead_pct=2.17 "
         "driver_rss_ratio=1.050 delta_spark_rps=nan delta_spark_to_plain=nan "
         "avro_ratio_to_simple=nan pipeline_to_ceiling=nan startup_over_floor_s=nan "
-        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan"
+        "fixed_over_floor_s=nan two_tables_to_two_pipelines=nan fixed_over_python_floor_s=nan "
+        "delta_spark_to_stream=nan delta_spark_to_foreach_batch=nan cluster_to_stream=nan "
+        "delta_spark_log_read_s=nan"
     )
     results.rows[-1] = rows.Row(6, "delta-spark", 20_000, rps=30_000.0, verified=True)
     assert "delta_spark_rps=30000 delta_spark_to_plain=nan avro_ratio_to_simple=nan " in (
@@ -518,17 +522,17 @@ def test_last_line_reports_every_figure_and_nan_for_what_was_not_measured() -> N
         "floor_batch_python_write_s": 0.45,
     }
     results.rows.append(rows.Row(10, "ceiling", 20_000, rps=120_000.0, verified=True, extra=floor))
-    assert report.last_line(results).endswith(
+    assert (
         "pipeline_to_ceiling=0.7500 startup_over_floor_s=2.3 fixed_over_floor_s=0.310 "
-        "two_tables_to_two_pipelines=nan fixed_over_python_floor_s=0.160"
-    )
+        "two_tables_to_two_pipelines=nan fixed_over_python_floor_s=0.160 "
+    ) in report.last_line(results)
     # Row 11: a record's cost in one pipeline into two tables over its cost in the two
     # single-table pipelines that read it twice, (1/150k) / (1/200k + 1/400k) = 0.8889.
     pipelines = {"all_pipeline_rps": 200_000.0, "paid_pipeline_rps": 400_000.0}
     results.rows.append(rows.Row(11, "two tables", 20_000, rps=150_000.0, verified=True))
     results.rows[-1].extra.update(pipelines)
-    assert report.last_line(results).endswith(
-        " two_tables_to_two_pipelines=0.8889 fixed_over_python_floor_s=0.160"
+    assert " two_tables_to_two_pipelines=0.8889 fixed_over_python_floor_s=0.160 " in (
+        report.last_line(results)
     )
 
 
@@ -561,10 +565,12 @@ def test_csv_and_chart_hold_the_main_rows_the_sweep_and_its_fits(tmp_path: Path)
 
 def test_options_refuse_rows_that_do_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.parse_args(["--rows", "4,13"])
-    assert "no row [13]" in capsys.readouterr().err
-    # Row 15 (a standalone cluster) runs only when named.
-    assert 15 not in cli.parse_args([]).rows and 15 in cli.parse_args(["--rows", "4,15"]).rows
+        cli.parse_args(["--rows", "4,17"])
+    assert "no row [17]" in capsys.readouterr().err
+    # Rows 15 (a standalone cluster) and 16 (freshness) run only when named.
+    for opt_in in (15, 16):
+        assert opt_in not in cli.parse_args([]).rows
+        assert opt_in in cli.parse_args(["--rows", f"4,{opt_in}"]).rows
     with pytest.raises(SystemExit):
         cli.parse_args(["--floor-batches", "9"])
     assert "--floor-batches must be at least 10" in capsys.readouterr().err

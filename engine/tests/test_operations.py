@@ -144,7 +144,13 @@ def test_dead_letters_a_run_sent_before_dying_are_not_sent_again_by_another_chec
     cfg = make_config([topic], engine=sink_engine)
     stopped = Pipeline(spark, cfg)
 
+    commit_batch = stopped.engine.sink.commit_batch
+
     def dies_before_the_main_commit(*args, **kwargs):
+        if not DeltaTable.is_deltatable(cfg.dead_letter_table):
+            # delta-spark writes a batch as clean first: its write job meets the dead letters
+            # and commits nothing (DeadLettersFound); the batch is then split, dead letters first.
+            return commit_batch(*args, **kwargs)
         raise RuntimeError("the process died before the main commit")
 
     # Dead letters are committed first (a crash between the two commits loses none)...

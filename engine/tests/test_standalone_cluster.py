@@ -349,6 +349,11 @@ class Producer:
         assert self.error is None, self.error
 
 
+def _lost_tasks(log: Path) -> list[str]:
+    """The tasks Spark's driver says an executor's death lost."""
+    return re.findall(r"Lost task .*ExecutorLostFailure", log.read_text(errors="replace"))
+
+
 def _batches(log: Path) -> list[str]:
     return re.findall(r"\bbatch=\d+ .*", log.read_text(errors="replace"))
 
@@ -447,7 +452,8 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
     kills: list[int] = []
     try:
         _wait(lambda: len(_batches(log)) >= 1, run, log, "a first batch")
-        while len(kills) < 5:
+        # Until five tasks were lost to the kills (a kill can land as its task just ended).
+        while len(_lost_tasks(log)) < 5 and len(kills) < 12:
             seen = len(_batches(log))
             killed = _kill_mid_task(spark_cluster, rng)
             assert killed is not None, f"no task ran: {log.read_text()[-4000:]}"
@@ -488,7 +494,7 @@ def test_executors_sigkilled_mid_task_and_a_worker_killed_and_restarted_leave_th
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     out = log.read_text(errors="replace")
-    lost = re.findall(r"Lost task .*ExecutorLostFailure", out)
+    lost = _lost_tasks(log)
     # Five kills at least (the orphan hunt adds none when those five already left a file).
     assert len(kills) >= 5 and len(lost) >= 5, (kills, lost, out[-4000:])
     assert f"spark: master {spark_cluster.master_url}, executors' Python {nodes_python}\n" in out
