@@ -62,8 +62,15 @@ def copy_template_and_engine(path: Path) -> None:
     for part in ("template", "engine"):
         shutil.copytree(ROOT / part, path / part, ignore=ignore)
     (path / ".gitignore").write_text("/dist/\n")
+    (path / "scripts").mkdir(exist_ok=True)
+    shutil.copy2(ROOT / "scripts" / "engine-wheels", path / "scripts" / "engine-wheels")
+    build_wheels(path)
+
+
+def build_wheels(path: Path) -> None:
+    """The engine's wheels of the repository at ``path``, into its dist/ (a release builds them)."""
     built = subprocess.run(
-        [str(ROOT / "scripts" / "engine-wheels"), str(path / "dist")],
+        [str(path / "scripts" / "engine-wheels")],
         env={**os.environ, "KD_VENV": str(Path(sys.executable).parents[1])},
         capture_output=True,
         text=True,
@@ -140,6 +147,9 @@ def test_cruft_update_brings_a_new_engine_version_and_keeps_the_users_edits(tmp_
     # 3. A new engine release (the version the projects pin) and a change elsewhere, committed.
     release = version + ".post1"
     replace_once(repo / ENGINE_PYPROJECT, f'version = "{version}"', f'version = "{release}"')
+    dev = repo / "engine" / "dev" / "pyproject.toml"
+    replace_once(dev, f'version = "{version}"', f'version = "{release}"')
+    replace_once(dev, f"]=={version}", f"]=={release}")
     replace_once(
         repo / PROJECT_CONF,
         "  fail_on_data_loss: true\n",
@@ -149,17 +159,19 @@ def test_cruft_update_brings_a_new_engine_version_and_keeps_the_users_edits(tmp_
     template_transform.write_text(template_transform.read_text() + "\n# sample changed in B\n")
     git(repo, "commit", "-q", "-am", "commit B: a new engine release")
     commit_b = git(repo, "rev-parse", "HEAD")
+    build_wheels(repo)  # the release's wheels, which the render copies into the project
 
     behind = cruft(project, home, "check")
     assert behind.returncode == 1, behind.stdout + behind.stderr
 
-    # 4. cruft update brings the change: the project pins the new engine, and its bundle
-    # deploys that version's wheel.
+    # 4. cruft update brings the change: the project pins the new engine, in one place (the
+    # bundle and the README follow the pin), and gains that version's wheels.
     updated = cruft(project, home, "update", "-y")
     assert updated.returncode == 0, updated.stdout + updated.stderr
     pinned = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
     assert pinned == [f"kafka-delta=={release}"], pinned
-    assert f"kafka_delta-{release}-py3-none-any.whl" in (project / "databricks.yml").read_text()
+    for name in ("kafka_delta", "kafka_delta_dev"):
+        assert (project / "wheels" / f"{name}-{release}-py3-none-any.whl").is_file(), name
     assert json.loads((project / ".cruft.json").read_text())["commit"] == commit_b
     assert cruft(project, home, "check").returncode == 0
 
@@ -172,11 +184,10 @@ def test_cruft_update_brings_a_new_engine_version_and_keeps_the_users_edits(tmp_
     changed = git(project, "status", "--porcelain").splitlines()
     assert sorted(line.split()[-1] for line in changed) == [
         ".cruft.json",
-        "README.md",  # it names the pinned version
         "conf/local.yaml",
-        "databricks.yml",
-        "pyproject.toml",
-        "tests/test_bundle.py",  # it checks the version the wheel requires
+        "pyproject.toml",  # the one pin of the engine's version
+        f"wheels/kafka_delta-{release}-py3-none-any.whl",
+        f"wheels/kafka_delta_dev-{release}-py3-none-any.whl",
     ], changed
     leftovers = [p for p in project.rglob("*") if p.suffix in {".rej", ".orig"}]
     assert not leftovers and "<<<<<<<" not in config

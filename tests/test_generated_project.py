@@ -1,5 +1,5 @@
 """A generated project's own suite passes, as its user runs it: chispa tests of the transform,
-its configs, its Databricks bundle and wheel, and one end-to-end run through the embedded broker
+its configs, its Databricks bundle, and one end-to-end run through the embedded broker
 killed in the middle and restarted (tests/test_smoke.py of the project). The engine's proofs run
 once, in this repo (engine/tests), not in every project."""
 
@@ -28,7 +28,7 @@ def test_a_generated_projects_own_suite_passes_with_nothing_skipped(tmp_path: Pa
     env = {
         k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "KAFKA_BOOTSTRAP_SERVERS"}
     }
-    # The project's own copy of the engine (src/kafka_delta), as its editable install has it.
+    # The project's package, as its editable install has it; the engine is this venv's.
     env["PYTHONPATH"] = str(project / "src")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rfEsp", "-p", "no:cacheprovider"],

@@ -211,6 +211,7 @@ def test_readme_commands_pasted_in_order_stream_and_draw_without_an_address(
         "scripts",
         "src",
         "tests",
+        "wheels",  # the engine's wheels, committed with the project (engine.txt)
     }, untracked
     assert not [line for line in status if "__pycache__" in line], status
 

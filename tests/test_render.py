@@ -125,7 +125,7 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
             continue
         if any(marker.decode() in str(relative) for marker in TEMPLATE_MARKERS):
             leftovers.append(f"{relative} (name)")
-        if path.is_file():
+        if path.is_file() and relative.parts[0] != "wheels":  # the engine's wheels: zip files
             content = DATABRICKS_SECRET_REF.sub(b"", path.read_bytes())
             leftovers += [f"{relative}: {m.decode()}" for m in TEMPLATE_MARKERS if m in content]
     assert not leftovers, f"unrendered template syntax: {leftovers}"
@@ -138,15 +138,17 @@ def assert_is_valid_project(rendered: Rendered) -> dict[str, Any]:
     assert pyproject["project"]["scripts"] == {slug: f"{package}.main:main"}
     assert (project / "src" / package / "main.py").is_file()
     # The engine is a dependency by version, never a copy: src/ holds the user's package alone,
-    # and engine.txt sends pip to the wheels this checkout's scripts/engine-wheels builds.
+    # and engine.txt sends pip to the project's wheels/, where the render copied the wheels this
+    # checkout's scripts/engine-wheels builds (engine.txt names no path of this machine).
     assert sorted(p.name for p in (project / "src").iterdir()) == [package]
     assert pyproject["project"]["dependencies"] == [f"kafka-delta=={ENGINE_VERSION}"]
     dev = pyproject["project"]["optional-dependencies"]["dev"]
-    assert f"kafka-delta-dev=={ENGINE_VERSION}" in dev, dev
+    assert "kafka-delta-dev" in dev, dev  # its version follows the pin (it requires its own)
     sources = [
         line for line in (project / "engine.txt").read_text().splitlines() if line[:1] == "-"
     ]
-    assert sources == [f"--find-links {ROOT / 'dist'}"], sources
+    assert sources == ["--find-links wheels"], sources
+    assert (project / "wheels" / f"kafka_delta-{ENGINE_VERSION}-py3-none-any.whl").is_file()
 
     bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))
     assert bundle["bundle"]["name"] == slug
@@ -543,11 +545,12 @@ def test_every_design_section_the_engine_cites_ships_with_it(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("named", ["template", "./template/", "."])
-def test_engine_txt_points_at_this_checkouts_wheels_however_the_template_is_named(
+def test_the_render_copies_this_checkouts_wheels_however_the_template_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
 ) -> None:
     """A relative template path (``cookiecutter template``, the README's one-off) is resolved
-    against the checkout, not the folder cookiecutter renders in."""
+    against the checkout, not the folder cookiecutter renders in: the project's wheels/ holds
+    the checkout's wheels, where its engine.txt points."""
     monkeypatch.chdir(TEMPLATE if named == "." else ROOT)
     project = Path(
         cookiecutter(named, no_input=True, default_config=True, output_dir=str(tmp_path / "out"))
@@ -555,4 +558,40 @@ def test_engine_txt_points_at_this_checkouts_wheels_however_the_template_is_name
     sources = [
         line for line in (project / "engine.txt").read_text().splitlines() if line[:1] == "-"
     ]
-    assert sources == [f"--find-links {ROOT / 'dist'}"], sources
+    assert sources == ["--find-links wheels"], sources
+    for name in ("kafka_delta", "kafka_delta_dev"):
+        wheel = f"{name}-{ENGINE_VERSION}-py3-none-any.whl"
+        assert (project / "wheels" / wheel).read_bytes() == (ROOT / "dist" / wheel).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (
+            "https://github.com/acme/kd-template.git",
+            "https://github.com/acme/kd-template/releases/expanded_assets/v{v}",
+        ),
+        (
+            "git@github.com:acme/kd-template.git",
+            "https://github.com/acme/kd-template/releases/expanded_assets/v{v}",
+        ),
+        ("https://gitlab.com/acme/kd-template.git", "wheels"),
+        ("/some/checkout", "wheels"),
+    ],
+)
+def test_engine_txt_names_a_release_page_or_the_projects_own_folder(
+    template: str, expected: str
+) -> None:
+    """What a project's engine.txt names holds on any machine: a GitHub template's release of the
+    pinned version, or else the project's wheels/; the local checkout's dist/ is only where the
+    render copies from."""
+    spec = importlib.util.spec_from_file_location("engine_source", TEMPLATE / "engine_source.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    assert module.engine_find_links({"_template": template}) == expected.format(v=ENGINE_VERSION)
+    assert module.engine_dist({"_template": "/some/checkout"}) == "/some/checkout/dist"
+    assert module.engine_dist({"_template": template}) == (
+        "" if "://" in template or template.startswith("git@") else "/some/checkout/dist"
+    )

@@ -59,9 +59,8 @@ ISOLATION=""
 "$PYTHON" -c 'import hatchling' 2>/dev/null && ISOLATION="--no-build-isolation"
 # shellcheck disable=SC2086
 "$PYTHON" -m pip wheel -q --no-deps $ISOLATION --wheel-dir "$OUT" . >&2
-# The engine's version is the project's pin (pyproject.toml), written there alone.
-ENGINE_PIN="$("$PYTHON" -c 'import tomllib; print(next(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if d.replace(" ", "").startswith("kafka-delta==")).replace(" ", ""))')"
-"$PYTHON" -m pip wheel -q --no-deps -r engine.txt --wheel-dir "$OUT" "$ENGINE_PIN" >&2
+# The engine's wheel of the project's pin (pyproject.toml), as the bundle builds it.
+"$PYTHON" scripts/engine_wheel.py "$OUT" >&2
 SHIPPED=""
 for wheel in "$OUT"/*.whl; do
   cp "$wheel" "${wheel%.whl}.zip"
