@@ -464,6 +464,30 @@ def test_steps_are_chosen_with_only_and_skipped_with_no_flags(tmp_path: Path, ca
     assert _live_files(uri) == 3
 
 
+@pytest.mark.spark
+@pytest.mark.broker
+def test_the_checkpoint_step_deletes_the_log_entries_past_the_logs_retention(
+    tmp_path: Path, capsys
+) -> None:
+    """The delta-rs sink's batch commits leave expired-log cleanup to maintenance (its listing
+    of _delta_log grew with every version): the checkpoint step applies
+    delta.logRetentionDuration (30 days), so the log stays bounded however long a run goes."""
+    uri = str(tmp_path / "table")
+    for i in range(4):
+        write_deltalake(uri, pa.table({"id": [i]}), mode="append")
+    log = Path(uri) / "_delta_log"
+    # Past the retention: every commit the checkpoint (at version 3) covers.
+    _age([log / f"{v:020}.json" for v in (0, 1, 2)], days=40)
+    config = _offline_config(tmp_path, uri)
+
+    status, out, err = _maintain(capsys, config, "--only", "checkpoint")
+
+    assert status == 0, err
+    assert out.splitlines() == [f"table {uri}: checkpoint: written at version 3"]
+    assert [p.name for p in log.glob("*.json")] == [f"{3:020}.json"]
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [0, 1, 2, 3]
+
+
 def test_delta_interval_properties_read_as_hours() -> None:
     hours = table_command.parse_interval_hours
     assert hours("interval 7 days") == hours("interval 1 week") == 168

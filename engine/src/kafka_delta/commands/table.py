@@ -263,7 +263,8 @@ class Maintainer(Protocol):
 
 
 class DeltaRsMaintainer:
-    """delta-rs 1.6: ``optimize.compact()``, ``vacuum()``, ``create_checkpoint()``."""
+    """delta-rs 1.6: ``optimize.compact()``, ``vacuum()``, ``create_checkpoint()`` and
+    ``cleanup_metadata()``."""
 
     name = "delta-rs"
 
@@ -299,8 +300,12 @@ class DeltaRsMaintainer:
         )
 
     def checkpoint(self, uri: str) -> int:
+        """A Delta checkpoint, then the log entries past ``delta.logRetentionDuration`` (30 days
+        by default) deleted: the delta-rs sink's batch commits leave that cleanup to
+        maintenance (``sinks.delta_rs.sink.BATCH_COMMIT_HOOKS``)."""
         table = self._open(uri)
         table.create_checkpoint()
+        table.cleanup_metadata()
         return table.version()
 
 
