@@ -39,6 +39,10 @@ class BatchReporter:
     def submit(self, report: Callable[[], None]) -> None:
         self._queue.put(report)
 
+    def flush(self) -> None:
+        """Wait until every report submitted so far has run."""
+        self._queue.join()
+
     def close(self) -> None:
         """Run what is submitted, then stop the thread."""
         self._queue.put(_DONE)
@@ -47,9 +51,11 @@ class BatchReporter:
     def _run(self) -> None:
         while True:
             report = self._queue.get()
-            if report is _DONE:
-                return
             try:
+                if report is _DONE:
+                    return
                 report()  # type: ignore[operator]
             except Exception:  # reporting must never fail a committed batch, or the next
                 log.exception("reporting a committed batch failed")
+            finally:
+                self._queue.task_done()
