@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -594,9 +595,11 @@ def test_delta_jars_default_honours_the_environment(monkeypatch: pytest.MonkeyPa
 
 # -- row 16, freshness --------------------------------------------------------------------------
 
+BATCH_TENTHS = ("batch_ms_first", "batch_ms_last")
 FRESH_TINY = (
     "--rows 16 --no-sweep --no-memory --partitions 2 --freshness-rates 300 "
-    "--freshness-sides A,C --freshness-seconds 3 --freshness-warmup 1"
+    "--freshness-sides A,C --freshness-seconds 3 --freshness-warmup 1 "
+    "--freshness-compact-every 1"
 ).split()
 
 
@@ -625,6 +628,15 @@ def test_tiny_freshness_row_checks_each_window_record_once_on_each_side(
         assert 0 < float(row["p50_s"]) <= float(row["p99_s"]) <= float(row["max_s"]), row
         assert int(row["batches"]) >= 1 and float(row["tail_s"]) >= 0, row
         assert float(row["triggerExecution"]) > 0, row  # Spark's timings of the window batches
+        # The table's live files, counted through the window, and the batch's cost at the
+        # window's start against its end.
+        assert 0 < int(row["files_end"]) <= int(row["files_max"]), row
+        assert int(row["files_on_disk"]) >= int(row["files_end"]), row
+        # (A tenth of a 3 s window may hold no batch's end: then nan.)
+        assert all(float(row[k]) > 0 or row[k] == "nan" for k in BATCH_TENTHS), row
+    # A ran its own compaction (--freshness-compact-every); C, hand-written, has none.
+    history = DeltaTable(str(tmp_path / "tables" / "16-fresh-A-r300")).history()
+    assert "OPTIMIZE" in {str(c.get("operation")).upper() for c in history}, history
     # A's batch function, step by step (the engine's own steps, timed from outside).
     a = rows["A"]
     for step in ("fn_function", "fn_write", "fn_commit", "fn_report"):

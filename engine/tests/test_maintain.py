@@ -23,8 +23,9 @@ from deltalake import DeltaTable, write_deltalake
 import test_graceful_stop
 from kafka_delta.cli import main
 from kafka_delta.commands import table as table_command
-from kafka_delta.commands.table import DeltaRsMaintainer
 from kafka_delta.config import PipelineConfig, load_config
+from kafka_delta.delta import maintenance
+from kafka_delta.delta.maintenance import DeltaRsMaintainer
 from kafka_delta.offsets.model import parse_user_metadata
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.runtime.connectors import DELTA_SESSION_CONFS, local_connector_jars
@@ -436,9 +437,9 @@ def test_a_compaction_that_loses_a_commit_race_is_retried_on_a_fresh_snapshot(
             FirstOpenIsStale.opened += 1
             return stale if FirstOpenIsStale.opened == 1 else super()._open(uri)
 
-    monkeypatch.setattr(table_command, "RETRY_PAUSE_S", 0.0)
-    caplog.set_level("WARNING", logger=table_command.__name__)
-    removed, _, added = table_command.with_retries(
+    monkeypatch.setattr(maintenance, "RETRY_PAUSE_S", 0.0)
+    caplog.set_level("WARNING", logger=maintenance.__name__)
+    removed, _, added = maintenance.with_retries(
         "compaction", lambda _: FirstOpenIsStale({}).compact(uri)
     )
 

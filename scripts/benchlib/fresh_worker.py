@@ -103,6 +103,12 @@ def work_fresh_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
             "checkpoint": spec["checkpoint"],
             "decoding": spec["decoding"],
             "trigger": spec["trigger"],
+            # Only when asked: A0's engine (--freshness-before) may predate the setting.
+            **(
+                {"maintenance": {"compact_every_seconds": spec["compact_every"]}}
+                if spec.get("compact_every")
+                else {}
+            ),
         }
     )
     batches: list[dict[str, Any]] = []

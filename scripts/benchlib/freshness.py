@@ -27,6 +27,12 @@ at git revision REV (exported from this repository into the output folder and pu
 worker's PYTHONPATH), with ``--freshness-before-trigger``: the step shares of one small batch
 before and after a change, from one run on one machine state.
 
+``--freshness-compact-every S`` turns on the run's own compaction on A and B
+(``maintenance.compact_every_seconds``); on every side the table's live files are counted every
+``FILES_EVERY_S`` seconds through the window, and the batch's cost over the window's first
+tenth is set against its last (a long window, e.g. ``--freshness-seconds 1800``: do the files
+stay bounded and the batches flat as the table ages?).
+
 Step shares: Spark's timings of each trigger (planning the ends, the offset log, the batch,
 the commit log) and, on A and B, the batch function's own steps (the plan, the replay and
 fencing check, the write job, the Delta commit, the report with its commit-back hand-off),
@@ -71,6 +77,8 @@ SPARK_COLUMNS = (
     "commitOffsets",
 )
 FUNCTION_COLUMNS = ("plan", "check", "write", "commit", "count", "report")
+# How often the table's live files are counted through the window.
+FILES_EVERY_S = 10.0
 
 
 class SteadyProducer:
@@ -163,6 +171,13 @@ class FreshRow:
     steps: dict[str, float] = field(default_factory=dict)  # mean ms per window batch
     tail_s: float = math.nan
     producer_behind_max: int = 0
+    # The table's live files through the window: the most, and at its end; on disk at its end.
+    files_max: int | None = None
+    files_end: int | None = None
+    files_on_disk: int | None = None
+    # Mean ms a batch (Spark's triggerExecution) over the window's first and last tenth.
+    batch_ms_first: float = math.nan
+    batch_ms_last: float = math.nan
     note: str = ""
     skipped: str = ""
     failed: str = ""
@@ -196,6 +211,45 @@ def _mean_steps(result: dict[str, Any], first: float, last: float) -> dict[str, 
     return steps
 
 
+class FileCounter:
+    """Counts the table's live files every :data:`FILES_EVERY_S` seconds, from a thread, until
+    :meth:`stop`: the most, and the last count."""
+
+    def __init__(self, table: Path) -> None:
+        self.table = table
+        self.counts: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="file-counter", daemon=True)
+
+    def start(self) -> FileCounter:
+        self._thread.start()
+        return self
+
+    def count(self) -> int | None:
+        from deltalake import DeltaTable
+
+        try:
+            return len(DeltaTable(str(self.table)).file_uris())
+        except Exception:  # a side's table delta-rs cannot read counts as not counted
+            return None
+
+    def _run(self) -> None:
+        while True:
+            counted = self.count()
+            if counted is not None:
+                self.counts.append(counted)
+            if self._stop.wait(FILES_EVERY_S):
+                return
+
+    def stop(self) -> tuple[int | None, int | None]:
+        self._stop.set()
+        self._thread.join()
+        last = self.count()
+        if last is not None:
+            self.counts.append(last)
+        return (max(self.counts), last) if self.counts else (None, None)
+
+
 class FreshnessRun:
     """Row 16 for every side and rate of the options, in one run on the bench's broker."""
 
@@ -217,13 +271,15 @@ class FreshnessRun:
         if side == "A0":
             trigger = json.loads(self.args.freshness_before_trigger)
             return "fresh_pipeline", {**spec, "engine": "embedded", "trigger": trigger}
+        compact = {"compact_every": self.args.freshness_compact_every}
         if side == "A":
+            spec.update(compact)
             return "fresh_pipeline", {**spec, "engine": "embedded", "trigger": self.trigger()}
         jars, why_not = b.delta_jars()
         if not jars:
             raise LookupError(why_not)
         if side == "B":
-            spec.update(engine=CLUSTER_ENGINE, trigger=self.trigger(), jars=jars)
+            spec.update(engine=CLUSTER_ENGINE, trigger=self.trigger(), jars=jars, **compact)
             return "fresh_pipeline", spec
         return "fresh_idiom", {**spec, "jars": jars}
 
@@ -282,7 +338,11 @@ class FreshnessRun:
                 raise RuntimeError(f"no batch committed within {FIRST_BATCH_TIMEOUT_S:.0f} s")
             time.sleep(a.freshness_warmup)
             first_id, window_start = producer.mark(), time.time()
-            time.sleep(a.freshness_seconds)
+            files = FileCounter(table).start()
+            try:
+                time.sleep(a.freshness_seconds)
+            finally:
+                row.files_max, row.files_end = files.stop()
             end_id, ends = producer.end_window()
             window_end = time.time()
             covered = self._wait(
@@ -311,6 +371,12 @@ class FreshnessRun:
             return row
         row.result = freshness(visible_records(table), first_id, end_id)
         row.steps = _mean_steps(outcome["result"], window_start, window_end + row.tail_s)
+        tenth = a.freshness_seconds / 10
+        first = _mean_steps(outcome["result"], window_start, window_start + tenth)
+        last = _mean_steps(outcome["result"], window_end - tenth, window_end)
+        row.batch_ms_first = first.get("triggerExecution", math.nan)
+        row.batch_ms_last = last.get("triggerExecution", math.nan)
+        row.files_on_disk = sum(1 for p in table.rglob("*.parquet") if "_delta_log" not in p.parts)
         if row.result.lost or row.result.doubled:
             b.problems.append(
                 f"freshness {side} at {rate}/s: {row.result.lost} lost, {row.result.doubled} "
@@ -354,7 +420,15 @@ def row_text(row: FreshRow) -> str:
     return (
         f"p50 {r.p50_s:.2f} s, p99 {r.p99_s:.2f} s, max {r.max_s:.2f} s over {r.records:,} "
         f"records in {r.batches} batches ({r.versions_per_hour:,.0f} versions/h), {r.lost} lost, "
-        f"{r.doubled} doubled; tail {row.tail_s:.1f} s"
+        f"{r.doubled} doubled; tail {row.tail_s:.1f} s; {files_text(row)}"
+    )
+
+
+def files_text(row: FreshRow) -> str:
+    return (
+        f"live files max {row.files_max}, at the end {row.files_end} ({row.files_on_disk} "
+        f"Parquet files on disk); a batch {row.batch_ms_first:.0f} ms in the window's first "
+        f"tenth, {row.batch_ms_last:.0f} ms in its last"
     )
 
 
@@ -375,6 +449,9 @@ def print_rows(rows: list[FreshRow]) -> None:
             f"{r.max_s:>6.2f} {r.lost:>5} {r.doubled:>7} {r.batches:>7} "
             f"{r.versions_per_hour:>10,.0f}  {row.name}"
         )
+    for row in rows:
+        if row.result is not None:
+            say(f"{row.side:<4} {row.rate:>7,} {files_text(row)}")
     measured = [r for r in rows if r.steps]
     if not measured:
         return
@@ -409,6 +486,11 @@ def write_rows(rows: list[FreshRow], out: Path) -> Path:
         "versions_per_hour",
         "tail_s",
         "producer_behind_max",
+        "files_max",
+        "files_end",
+        "files_on_disk",
+        "batch_ms_first",
+        "batch_ms_last",
         "note",
     ]
     steps = sorted({k for r in rows for k in r.steps})
@@ -423,6 +505,11 @@ def write_rows(rows: list[FreshRow], out: Path) -> Path:
                 "window_s": row.window_s,
                 "tail_s": round(row.tail_s, 2),
                 "producer_behind_max": row.producer_behind_max,
+                "files_max": row.files_max,
+                "files_end": row.files_end,
+                "files_on_disk": row.files_on_disk,
+                "batch_ms_first": round(row.batch_ms_first, 1),
+                "batch_ms_last": round(row.batch_ms_last, 1),
                 "note": row.skipped or row.failed or row.note,
                 **{k: round(v, 2) for k, v in row.steps.items()},
             }
@@ -491,6 +578,14 @@ def add_options(parser: Any) -> None:
         "low-latency setting)",
     )
     group.add_argument(
+        "--freshness-compact-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="the run's own compaction on A and B every S seconds "
+        "(maintenance.compact_every_seconds; default 0: none)",
+    )
+    group.add_argument(
         "--freshness-before",
         metavar="REV",
         help="add side A0 before A: A on the engine of this git revision (a step's share "
@@ -504,6 +599,8 @@ def add_options(parser: Any) -> None:
 
 
 def check_options(parser: Any, args: Any) -> None:
+    if args.freshness_compact_every < 0:
+        parser.error("--freshness-compact-every must be >= 0 (0: no compaction)")
     if args.freshness_seconds <= 0 or args.freshness_warmup < 0 or args.freshness_tail_max <= 0:
         parser.error(
             "--freshness-seconds and --freshness-tail-max must be > 0, --freshness-warmup >= 0"

@@ -552,6 +552,15 @@ class TriggerConfig(_Model):
         return self.idle_poll_seconds if self.low_latency else None
 
 
+class MaintenanceConfig(_Model):
+    # The run's own compaction (kafka_delta.runtime.compaction): every compact_every_seconds a
+    # thread beside the stream compacts the run's tables and dead-letter tables, as `table
+    # maintain --only compact` does, so a table committed every second keeps few files. 0 (the
+    # default): never; `table maintain` on a schedule does it. Vacuum and checkpoints stay
+    # with `table maintain`.
+    compact_every_seconds: float = Field(default=0.0, ge=0)
+
+
 class CommitBackConfig(_Model):
     enabled: bool = True
     timeout_seconds: float = Field(default=10.0, gt=0)
@@ -631,6 +640,7 @@ class PipelineConfig(_Model):
     dead_letters: DeadLetterConfig = DeadLetterConfig()
     trigger: TriggerConfig = TriggerConfig()
     commit_back: CommitBackConfig = CommitBackConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     metrics: MetricsConfig = MetricsConfig()
     progress: ProgressConfig = ProgressConfig()
     spark: SparkConfig = SparkConfig()

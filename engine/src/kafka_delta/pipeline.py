@@ -35,6 +35,7 @@ from pyspark.sql.streaming import StreamingQuery
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
+from kafka_delta.delta.maintenance import Maintainer, maintainer_for
 from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
@@ -59,6 +60,7 @@ from kafka_delta.routing import (
     table_runs,
     without_held,
 )
+from kafka_delta.runtime.compaction import RunCompaction
 from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
@@ -1071,6 +1073,22 @@ class Pipeline:
             return not self._gate.wait(wait)
         return False
 
+    def _compaction(self) -> RunCompaction | None:
+        """The run's own compaction of its tables and dead-letter tables
+        (maintenance.compact_every_seconds), started; None when the config says never."""
+        every = self.config.maintenance.compact_every_seconds
+        if not every:
+            return None
+        sink, views = self.config.engine.sink, [run.config for run in self.tables]
+
+        def place(view: PipelineConfig, uri: str) -> tuple[str, Maintainer]:
+            return uri, maintainer_for(sink, view.delta.storage_options, self.spark)
+
+        tables = [place(view, view.delta.table) for view in views]
+        dead = [place(view, view.dead_letter_table) for view in views if view.dead_letter_table]
+        # Each location once (tables may share a dead-letter table), the tables first.
+        return RunCompaction(every, list(dict(tables + dead).items())).start()
+
     def _run(self) -> RunSummary:
         if self._gate.requested:
             log.info("stop requested before the query started: nothing to do")
@@ -1081,6 +1099,7 @@ class Pipeline:
         kafka = self.config.kafka
         outage = KafkaOutage(kafka.bootstrap_servers, kafka.unavailable_timeout_seconds)
         self._reporter = BatchReporter()
+        compaction = self._compaction()
         try:
             while True:
                 began, query = time.monotonic(), None
@@ -1110,6 +1129,8 @@ class Pipeline:
                     if not self._restart_after(exc, registry_waits, outage):
                         raise
         finally:
+            if compaction is not None:
+                compaction.close()
             # Every committed batch reported (the group's offsets submitted) before the hook's
             # last flush.
             self._reporter.close()

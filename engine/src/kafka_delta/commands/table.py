@@ -17,7 +17,8 @@ Why it is safe while the pipeline commits:
   check such a commit at snapshot isolation, so the pipeline's appends never conflict with it
   (the delta-rs sink, which commits without retries, re-checks its batch and commits again on
   top; delta-spark's blind append is not affected). A compaction that loses to a commit that
-  removed files it read is retried on a fresh snapshot (:data:`ATTEMPTS`, each one logged).
+  removed files it read is retried on a fresh snapshot
+  (:data:`kafka_delta.delta.maintenance.ATTEMPTS` times in all, each one logged).
   Compaction rewrites data files only: the txn actions (offset txns, the fence) are log state,
   kept by every later snapshot and checkpoint, and the commits' ``userMetadata`` stays as it was;
 - vacuum never goes below the table's ``delta.deletedFileRetentionDuration`` (7 days unless the
@@ -42,31 +43,28 @@ import argparse
 import logging
 import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import pyarrow as pa
 
 from kafka_delta.commands.arguments import add_config_options, build_config, selected_tables
 from kafka_delta.commands.table_log import CommandError, open_table
 from kafka_delta.config import ConfigError, PipelineConfig
+from kafka_delta.delta.maintenance import (
+    DeltaSparkMaintainer,
+    Maintainer,
+    first_line,
+    maintainer_for,
+    with_retries,
+)
 
 log = logging.getLogger(__name__)
 
 STEPS = ("compact", "vacuum", "checkpoint")
 # Delta's default of delta.deletedFileRetentionDuration (both engines): one week.
 DEFAULT_RETENTION_HOURS = 168.0
-# A compaction (or vacuum commit) that loses a commit race is tried this often in all.
-ATTEMPTS = 5
-RETRY_PAUSE_S = 1.0
-# What each engine's compaction takes as a small file, when the table and session say nothing:
-# delta-rs compacts files below delta.targetFileSize (100 MiB), delta-spark's OPTIMIZE files
-# below spark.databricks.delta.optimize.minFileSize (1 GiB).
-DELTA_RS_TARGET_SIZE = 100 * 1024 * 1024
-DELTA_SPARK_MIN_FILE_SIZE = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -188,7 +186,7 @@ def read_state(uri: str, config: PipelineConfig) -> TableState | None:
     try:
         table = open_table(uri, config)
     except Exception as exc:
-        raise CommandError(f"cannot open a Delta table at {uri}: {_first_line(exc)}") from None
+        raise CommandError(f"cannot open a Delta table at {uri}: {first_line(exc)}") from None
     if table is None:
         return None
     return TableState(
@@ -238,170 +236,6 @@ def _spark_state(uri: str, config: PipelineConfig) -> TableState | None:
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-# -- the engines ----------------------------------------------------------------------------------
-
-
-class Maintainer(Protocol):
-    """One engine's steps on one table."""
-
-    name: str
-
-    def small_file_size(self, state: TableState) -> int: ...
-
-    def compact(self, uri: str) -> tuple[int, int, int]:
-        """(files removed, their bytes, files added)."""
-        ...
-
-    def vacuum(self, uri: str, hours: float, full: bool, dry_run: bool) -> list[str]: ...
-
-    def checkpoint(self, uri: str) -> int: ...
-
-
-class DeltaRsMaintainer:
-    """delta-rs 1.6: ``optimize.compact()``, ``vacuum()``, ``create_checkpoint()`` and
-    ``cleanup_metadata()``."""
-
-    name = "delta-rs"
-
-    def __init__(self, storage_options: dict[str, str]) -> None:
-        self.storage_options = dict(storage_options) or None
-
-    def _open(self, uri: str) -> Any:
-        from deltalake import DeltaTable
-
-        return DeltaTable(uri, storage_options=self.storage_options)
-
-    def small_file_size(self, state: TableState) -> int:
-        configured = state.configuration.get("delta.targetFileSize")
-        return int(configured) if configured else DELTA_RS_TARGET_SIZE
-
-    def compact(self, uri: str) -> tuple[int, int, int]:
-        metrics = self._open(uri).optimize.compact()
-        removed = _json(metrics.get("filesRemoved"))
-        return (
-            int(metrics.get("numFilesRemoved", 0)),
-            int(removed.get("totalSize", 0)),
-            int(metrics.get("numFilesAdded", 0)),
-        )
-
-    def vacuum(self, uri: str, hours: float, full: bool, dry_run: bool) -> list[str]:
-        # delta-rs takes whole hours; the floor was checked on the exact value, so rounding
-        # up never goes below it.
-        return self._open(uri).vacuum(
-            retention_hours=_whole_hours(hours),
-            dry_run=dry_run,
-            enforce_retention_duration=True,
-            full=full,
-        )
-
-    def checkpoint(self, uri: str) -> int:
-        """A Delta checkpoint, then the log entries past ``delta.logRetentionDuration`` (30 days
-        by default) deleted: the delta-rs sink's batch commits leave that cleanup to
-        maintenance (``sinks.delta_rs.sink.BATCH_COMMIT_HOOKS``)."""
-        table = self._open(uri)
-        table.create_checkpoint()
-        table.cleanup_metadata()
-        return table.version()
-
-
-def _whole_hours(hours: float) -> int:
-    whole = int(hours)
-    return whole if whole == hours else whole + 1
-
-
-def _json(value: object) -> dict[str, Any]:
-    import json
-
-    if isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(str(value)) if value else {}
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-class DeltaSparkMaintainer:
-    """delta-spark through Spark alone: ``DeltaTable.optimize().executeCompaction()``, ``VACUUM``
-    (SQL, for its LITE and DRY RUN forms), by name or by path; the checkpoint is delta-spark's
-    own (see the module docstring)."""
-
-    name = "delta-spark"
-
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
-
-    def small_file_size(self, state: TableState) -> int:
-        configured = self.spark.conf.get("spark.databricks.delta.optimize.minFileSize", None)
-        return int(configured) if configured else DELTA_SPARK_MIN_FILE_SIZE
-
-    def compact(self, uri: str) -> tuple[int, int, int]:
-        from kafka_delta.sinks.delta_spark.table import SparkTable
-
-        table = SparkTable(self.spark, uri).sql_name()
-        row = self.spark.sql(f"OPTIMIZE {table}").first()
-        metrics = row["metrics"] if row is not None else None
-        if metrics is None:
-            return 0, 0, 0
-        removed = metrics["filesRemoved"]
-        return (
-            int(metrics["numFilesRemoved"]),
-            int(removed["totalSize"]) if removed is not None else 0,
-            int(metrics["numFilesAdded"]),
-        )
-
-    def vacuum(self, uri: str, hours: float, full: bool, dry_run: bool) -> list[str]:
-        from kafka_delta.sinks.delta_spark.table import SparkTable
-
-        table = SparkTable(self.spark, uri).sql_name()
-        mode = "FULL" if full else "LITE"
-        listed = self.spark.sql(f"VACUUM {table} {mode} RETAIN {hours:g} HOURS DRY RUN")
-        paths = [str(r[0]) for r in listed.collect()]
-        if not dry_run and paths:
-            self.spark.sql(f"VACUUM {table} {mode} RETAIN {hours:g} HOURS").collect()
-        return paths
-
-    def checkpoint(self, uri: str) -> int:
-        """delta-spark writes checkpoints itself (every ``delta.checkpointInterval`` commits)
-        and gives Spark's APIs no call to force one: nothing is written; the table's version."""
-        from kafka_delta.sinks.delta_spark.table import SparkTable
-
-        return int(SparkTable(self.spark, uri).history(1)[0]["version"])  # type: ignore[call-overload]
-
-
-def is_commit_conflict(exc: BaseException) -> bool:
-    """A lost commit race of either engine (delta-rs ``CommitFailedError``, delta-spark's
-    ``Concurrent...Exception``), which a retry on a fresh snapshot resolves."""
-    if type(exc).__name__ == "CommitFailedError":  # delta-rs's (deltalake.exceptions)
-        return True
-    text = f"{type(exc).__name__}: {exc}"
-    return "Concurrent" in text or "CONCURRENT" in text
-
-
-def with_retries(what: str, step: Callable[[int], Any]) -> Any:
-    """``step(attempt)``, tried again on a lost commit race, at most :data:`ATTEMPTS` times."""
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            return step(attempt)
-        except Exception as exc:
-            if not is_commit_conflict(exc) or attempt == ATTEMPTS:
-                raise
-            log.warning(
-                "%s lost a commit race (attempt %d of %d), trying again on the new snapshot: %s",
-                what,
-                attempt,
-                ATTEMPTS,
-                _first_line(exc),
-            )
-            time.sleep(RETRY_PAUSE_S * attempt)
-    raise AssertionError("unreachable")
-
-
 # -- the steps ------------------------------------------------------------------------------------
 
 
@@ -433,7 +267,7 @@ def maintain(
     if plan.dry_run:
         out(f"table {uri} ({engine.name}, version {state.version}, {state.files.num_rows} files):")
         if "compact" in plan.steps:
-            count, size = compaction_candidates(state, engine.small_file_size(state))
+            count, size = compaction_candidates(state, engine.small_file_size(state.configuration))
             out(f"  compact: would rewrite {count} files ({size} bytes) into fewer, larger ones")
         if "vacuum" in plan.steps:
             paths = engine.vacuum(uri, retention, plan.full, dry_run=True)
@@ -493,7 +327,7 @@ def run_maintain(config: PipelineConfig, plan: Plan, out: Callable[[str], None] 
 
 def _engine(config: PipelineConfig, plan: Plan) -> Maintainer:
     if config.engine.sink == "delta_rs":
-        return DeltaRsMaintainer(config.delta.storage_options)
+        return maintainer_for("delta_rs", config.delta.storage_options, None)
     from kafka_delta.runtime.connectors import missing_connectors
     from kafka_delta.runtime.spark_session import build_spark
 
@@ -505,7 +339,7 @@ def _engine(config: PipelineConfig, plan: Plan) -> Maintainer:
             "session has no delta-spark jars: on Databricks they are built in; locally put "
             "them on spark.jars (KAFKA_DELTA_JARS) or set spark.jars.packages in the config"
         )
-    return DeltaSparkMaintainer(spark)
+    return maintainer_for("delta_spark", {}, spark)
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -579,6 +413,6 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta table") -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        print(f"error: table maintenance failed: {_first_line(exc)}", file=sys.stderr)
+        print(f"error: table maintenance failed: {first_line(exc)}", file=sys.stderr)
         log.debug("the failure in full", exc_info=exc)
         return 1
