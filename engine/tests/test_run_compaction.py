@@ -133,6 +133,29 @@ def test_a_low_latency_run_compacts_its_tables_while_it_commits_and_lands_each_r
     )
 
 
+@pytest.mark.spark
+def test_an_upsert_table_is_left_to_table_maintain_and_its_dead_letters_are_compacted(
+    spark, kafka_bootstrap, new_topics, make_config, caplog
+) -> None:
+    """A batch's MERGE reads the table's files: a compaction that rewrote them in between would
+    make the MERGE lose its commit (delta-spark's ConcurrentDeleteReadException), so the run
+    compacts an upsert table's dead letters (appended only) and leaves the table to `table
+    maintain`, saying so."""
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic], delta={"mode": "upsert", "merge_keys": ["id"]})
+    caplog.set_level(logging.INFO, logger="kafka_delta.pipeline")
+    compaction = Pipeline(
+        spark, cfg.with_overrides(**{"maintenance.compact_every_seconds": 3600})
+    )._compaction()
+    assert compaction is not None
+    try:
+        assert compaction.locations == [cfg.dead_letter_table]
+    finally:
+        compaction.close()
+    assert f"table {cfg.delta.table} is not compacted by the run (an upsert table)" in caplog.text
+    assert Pipeline(spark, cfg)._compaction() is None  # compact_every_seconds 0: never
+
+
 def _config_file(cfg: PipelineConfig) -> str:
     import yaml
 

@@ -1084,10 +1084,21 @@ class Pipeline:
         def place(view: PipelineConfig, uri: str) -> tuple[str, Maintainer]:
             return uri, maintainer_for(sink, view.delta.storage_options, self.spark)
 
-        tables = [place(view, view.delta.table) for view in views]
+        appended = [view for view in views if view.delta.mode == "append"]
+        for view in views:
+            if view not in appended:
+                log.info(
+                    "table %s is not compacted by the run (an upsert table): a batch's MERGE "
+                    "that read the files a compaction rewrites would lose its commit; "
+                    "`table maintain` compacts it",
+                    view.delta.table,
+                )
+        tables = [place(view, view.delta.table) for view in appended]
+        # Dead-letter tables are only appended to, whatever their table's mode.
         dead = [place(view, view.dead_letter_table) for view in views if view.dead_letter_table]
         # Each location once (tables may share a dead-letter table), the tables first.
-        return RunCompaction(every, list(dict(tables + dead).items())).start()
+        places = list(dict(tables + dead).items())
+        return RunCompaction(every, places).start() if places else None
 
     def _run(self) -> RunSummary:
         if self._gate.requested:

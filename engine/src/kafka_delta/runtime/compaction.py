@@ -47,6 +47,11 @@ class RunCompaction:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="run-compaction", daemon=True)
 
+    @property
+    def locations(self) -> list[str]:
+        """The tables each round compacts, in order."""
+        return [uri for uri, _ in self._tables]
+
     def start(self) -> RunCompaction:
         log.info(
             "compacting the run's tables every %g s beside the stream "
@@ -78,7 +83,7 @@ class RunCompaction:
                     continue
                 removed, _, added = with_retries(
                     f"the run's compaction of {uri}",
-                    lambda _, m=maintainer, u=uri: m.compact(u),  # type: ignore[misc]
+                    lambda _, m=maintainer, u=uri: m.compact(u),
                 )
             except Exception as exc:  # the stream goes on; the next round tries again
                 log.warning(
