@@ -43,8 +43,8 @@ from hypothesis import strategies as st
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.decoding.avro_types import avro_to_arrow
+from kafka_delta.delta.schema import wider_arrow_type
 from kafka_delta.pipeline import Pipeline
-from kafka_delta.sinks.delta_rs.file_writer import wider_type
 from kafka_delta_dev.produce import produce_values
 from support import assert_exactly_once, run_until_crash, table_ids
 from test_avro_generated import Written, _avro_value, _column_value
@@ -877,7 +877,7 @@ def test_generated_schema_evolution_lands_every_value_or_a_dead_letter_exactly_o
             # A promotion (the writer's type wider than the column's) widens the column, also
             # of a table that existed before it: never a dead letter.
             assert any(
-                wider_type(columns.field(f.name).type, f.type) is None
+                wider_arrow_type(columns.field(f.name).type, f.type) is None
                 for f in writers[j]
                 if f.name in changed
             ), (f"record {i} (version {j}) of a promotion is a dead letter: {dead_ids[i]}", summary)

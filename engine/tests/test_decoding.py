@@ -378,7 +378,8 @@ def test_a_failed_look_up_is_never_cached(schema_registry) -> None:
     # A registry that does not answer is not a dead letter: the batch must stop.
     with schema_registry.down():
         with pytest.raises(RegistryUnavailableError, match="unreachable"):
-            Registry(RegistrySettings(schema_registry.url, timeout_s=2)).schema_by_id(schema_id)
+            settings = RegistrySettings(schema_registry.url, timeout_seconds=2)
+            Registry(settings).schema_by_id(schema_id)
     assert Registry(RegistrySettings(schema_registry.url)).schema_by_id(schema_id) is not None
 
 

@@ -163,7 +163,7 @@ def test_metrics_textfile_counts_a_replayed_batch_that_writes_nothing(
 def test_a_runs_summary_keeps_no_figure_per_batch() -> None:
     import pickle
 
-    from kafka_delta.pipeline import RunSummary
+    from kafka_delta.progress.summary import RunSummary
 
     summary = RunSummary()
     for _ in range(1000):

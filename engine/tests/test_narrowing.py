@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
-from kafka_delta.delta.promotion import fit_to_table, narrower_columns
+from kafka_delta.delta.schema import fit_to_table, narrower_columns
 
 TABLE = T.StructType(
     [

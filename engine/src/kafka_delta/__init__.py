@@ -33,7 +33,7 @@ _PUBLIC = {
     "run": "kafka_delta.cli",
     "main": "kafka_delta.cli",
     "Pipeline": "kafka_delta.pipeline",
-    "RunSummary": "kafka_delta.pipeline",
+    "RunSummary": "kafka_delta.progress.summary",
     "PipelineConfig": "kafka_delta.config",
     "ConfigError": "kafka_delta.config",
     "load_config": "kafka_delta.config",
@@ -84,8 +84,9 @@ if TYPE_CHECKING:
         load_transform,
         passthrough,
     )
-    from kafka_delta.pipeline import Pipeline, RunSummary
+    from kafka_delta.pipeline import Pipeline
     from kafka_delta.progress.batch import BatchProgress, ProgressListener
+    from kafka_delta.progress.summary import RunSummary
     from kafka_delta.transforms import decoded_events, parse_json_values
 
 

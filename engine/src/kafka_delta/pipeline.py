@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -39,13 +39,14 @@ from kafka_delta.delta.maintenance import Maintainer, maintainer_for
 from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
 from kafka_delta.engine_factory import build_engine, build_source
 from kafka_delta.kafka.admin import KafkaAdmin, lag
-from kafka_delta.kafka.commit_back import CommitBackStats, OffsetCommitter
+from kafka_delta.kafka.commit_back import OffsetCommitter
 from kafka_delta.kafka.outage import KafkaOutage, got_through_a_trigger, kafka_down
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id, total_records
 from kafka_delta.offsets.topic_identity import recreated_while_running
 from kafka_delta.progress.batch import BatchProgress, ProgressListener, StepClock, steps_text
 from kafka_delta.progress.mailbox import BatchMailbox, BatchReport
 from kafka_delta.progress.reporter import BatchReporter
+from kafka_delta.progress.summary import RunSummary
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.recovery.lease import RunLease
 from kafka_delta.resume import ResumePlanner, first_positions, joined_at
@@ -152,28 +153,6 @@ def records_read(observation: Observation, wait_s: float = 2.0) -> int | None:
         return None
 
 
-class RunningTotal:
-    """A run's figures of one kind (each batch's duration, each commit-back's time) as how
-    many and their sum: the same size after a million batches as after one."""
-
-    __slots__ = ("count", "total")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.total += value
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
-
-    def __repr__(self) -> str:
-        return f"RunningTotal(count={self.count}, total={self.total})"
-
-
 class BatchRead:
     """The batch's records as its tables read them, read from Kafka once for all of them
     (persisted while more than one writes), and the count of what was read: observed while
@@ -203,20 +182,6 @@ class BatchRead:
     def release(self) -> None:
         if self.writing > 1:
             self.records.unpersist()
-
-
-@dataclass
-class RunSummary:
-    batches: int = 0
-    replayed_batches: int = 0
-    rows_written: int = 0
-    dead_letters: int = 0
-    last_delta_version: int | None = None
-    end_offsets: Offsets = field(default_factory=dict)
-    commit_back: CommitBackStats | None = None
-    # Constant-size: a long run's driver keeps no figure per batch.
-    commit_back_ms: RunningTotal = field(default_factory=RunningTotal)
-    batch_seconds: RunningTotal = field(default_factory=RunningTotal)
 
 
 def _per_table(p: BatchProgress) -> str:

@@ -92,17 +92,7 @@ def _registry_settings(decoding: DecodingConfig) -> RegistrySettings | None:
     r = decoding.schema_registry
     if r is None:
         return None
-    return RegistrySettings(
-        url=r.url,
-        auth=r.auth,
-        user_env=r.user_env,
-        password_env=r.password_env,
-        token_env=r.token_env,
-        ca_location=r.ca_location,
-        cert_location=r.cert_location,
-        key_location=r.key_location,
-        timeout_s=r.timeout_seconds,
-    )
+    return RegistrySettings(**r.model_dump(include=set(RegistrySettings.__dataclass_fields__)))
 
 
 def _field_spec(

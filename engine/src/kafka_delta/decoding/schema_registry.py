@@ -53,7 +53,7 @@ def client_config(settings: RegistrySettings, environ: dict[str, str] | None = N
 
     conf: dict[str, Any] = {
         "url": settings.url,
-        "timeout": settings.timeout_s,
+        "timeout": settings.timeout_seconds,
         # Retries are the pipeline's (the whole batch, with a growing wait), not the client's.
         "max.retries": 0,
     }

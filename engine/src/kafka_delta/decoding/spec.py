@@ -74,8 +74,11 @@ def _schema_from_text(text: str) -> pa.Schema:
 
 @dataclass(frozen=True)
 class RegistrySettings:
-    """How to reach the registry. Credentials are the NAMES of environment variables, read by
-    the process that calls the registry; their values are never in the spec."""
+    """How to reach the registry: ``decoding.schema_registry`` of the config
+    (:class:`kafka_delta.config.SchemaRegistryConfig`, same names) as the decoders in Spark's
+    workers get it, without the run's own ``retry_seconds``. Credentials are the NAMES of
+    environment variables, read by the process that calls the registry; their values are never
+    in the spec."""
 
     url: str
     auth: Literal["none", "basic", "bearer"] = "none"
@@ -85,7 +88,7 @@ class RegistrySettings:
     ca_location: str | None = None
     cert_location: str | None = None
     key_location: str | None = None
-    timeout_s: float = 10.0
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_delta.decoding.spec import SchemaIncompatibleError
+from kafka_delta.delta.schema import all_nullable, arrow_rank, loose_type, narrowable, promotes
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-
-_NUMBER_RANK = {pa.int32(): 0, pa.int64(): 1, pa.float32(): 2, pa.float64(): 3}
 
 
 def union_schemas(schemas: Iterable[pa.Schema]) -> pa.Schema:
@@ -69,8 +68,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     does (the earlier type stays; values that do not fit it are dead letters)."""
     if a == b:
         return a
-    if a in _NUMBER_RANK and b in _NUMBER_RANK:
-        low, high = sorted((a, b), key=_NUMBER_RANK.__getitem__)
+    if arrow_rank(a) is not None and arrow_rank(b) is not None:
+        low, high = sorted((a, b), key=arrow_rank)
         if pa.types.is_integer(low) and pa.types.is_floating(high):
             return pa.float64()
         return high
@@ -111,40 +110,15 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     return a
 
 
-def loose_type(t: pa.DataType) -> str:
-    """A type's identity with nullability left out (names and types only): how two schema
-    versions' columns, and a batch's against its table's, are compared (the delta-rs writer
-    checks a non-null table column row by row instead: its ``write_files``)."""
-    if pa.types.is_struct(t):
-        return "struct<" + ",".join(f"{f.name}:{loose_type(f.type)}" for f in t) + ">"
-    if pa.types.is_list(t):
-        return f"list<{loose_type(t.value_type)}>"
-    if pa.types.is_map(t):
-        return f"map<{loose_type(t.key_type)},{loose_type(t.item_type)}>"
-    return str(t)
-
-
-def _promotes(writer: pa.DataType, reader: pa.DataType) -> bool:
-    return (
-        writer in _NUMBER_RANK
-        and reader in _NUMBER_RANK
-        and _NUMBER_RANK[writer] < _NUMBER_RANK[reader]
-    )
-
-
-def _narrows(writer: pa.DataType, reader: pa.DataType) -> bool:
-    return writer in _NUMBER_RANK and reader in _NUMBER_RANK and writer != reader
-
-
 def fit_rule(
     writer: pa.DataType, reader: pa.DataType, where: str, checked: bool, new: list[str]
 ) -> str | None:
     """None when a writer column of type ``writer`` goes into a reader column of type
     ``reader`` (collecting nested fields the reader lacks into ``new``), else why not."""
-    if loose_type(writer) == loose_type(reader) or _promotes(writer, reader):
+    if loose_type(writer) == loose_type(reader) or promotes(writer, reader):
         return None
     if checked and (
-        _narrows(writer, reader)
+        narrowable(writer, reader)
         or (pa.types.is_binary(writer) and pa.types.is_string(reader))
         or (pa.types.is_string(writer) and pa.types.is_binary(reader))
     ):
@@ -207,9 +181,9 @@ def fit_column(
         return array, None, ""
     if loose_type(writer) == loose_type(reader):
         return _retype(array, reader), None, ""
-    if _promotes(writer, reader) or (pa.types.is_string(writer) and pa.types.is_binary(reader)):
+    if promotes(writer, reader) or (pa.types.is_string(writer) and pa.types.is_binary(reader)):
         return array.cast(reader), None, ""
-    if _narrows(writer, reader):
+    if narrowable(writer, reader):
         cast = array.cast(reader, safe=False)
         back = cast.cast(writer, safe=False)
         bad = pc.fill_null(pc.not_equal(back, array), False)
@@ -346,16 +320,4 @@ def _retype(array: pa.Array, target: pa.DataType) -> pa.Array:
     try:
         return array.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return array.cast(_all_nullable(target))
-
-
-def _all_nullable(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_all_nullable(f.type)).with_nullable(True) for f in t])
-    if pa.types.is_list(t):
-        v = t.value_field
-        return pa.list_(v.with_type(_all_nullable(v.type)).with_nullable(True))
-    if pa.types.is_map(t):
-        i = t.item_field
-        return pa.map_(t.key_field, i.with_type(_all_nullable(i.type)).with_nullable(True))
-    return t
+        return array.cast(all_nullable(target))

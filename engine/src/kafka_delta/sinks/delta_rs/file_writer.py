@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kafka_delta.decoding.versions import loose_type
+from kafka_delta.delta.schema import all_nullable, loose_type, narrowable
 from kafka_delta.delta.table_storage import open_filesystem
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def check_batch_schema(batch: pa.Schema, table: pa.Schema, table_uri: str) -> No
     problems += [f"extra column {n!r} ({loose_type(ours[n].type)})" for n in extra]
     for name in (n for n in theirs if n in ours):
         mine, table_field = ours[name], theirs[name]
-        if loose_type(mine.type) != loose_type(table_field.type) and not _narrowable(
+        if loose_type(mine.type) != loose_type(table_field.type) and not narrowable(
             mine.type, table_field.type
         ):
             problems.append(
@@ -394,41 +394,12 @@ def _conform(batch: pa.RecordBatch | pa.Table, target: FileTarget) -> pa.Table:
 # -- a batch's values in the table's column types ---------------------------------------------
 #
 # Promotions (the producers' int became long, float became double): with schema evolution the
-# sink widens the table's column before the batch's files are written (:func:`wider_type`,
+# sink widens the table's column before the batch's files are written
+# (:func:`kafka_delta.delta.schema.wider_arrow_type`,
 # ``DeltaRsSink._widen_columns``). With ``delta.schema_evolution: fail`` the table keeps its
 # column and each value goes into it when it fits exactly (a long 7 into an int column); a value
 # that does not fit (2**40, 1.5 into an int column) makes its record a dead letter naming the
 # column, the value and both types (:func:`misfits`), and the rest of the batch lands.
-
-_NUMBERS = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64())
-
-
-def wider_type(table: pa.DataType, batch: pa.DataType) -> pa.DataType | None:
-    """The type the table's column ``table`` widens to for the batch's ``batch``, when the
-    batch's is wider by a promotion (a wider number: int -> long, float -> double, an integer ->
-    float or double, as Avro promotes; also inside structs, lists and maps); None when there
-    is none to make."""
-    if table in _NUMBERS and batch in _NUMBERS:
-        return batch if _NUMBERS.index(batch) > _NUMBERS.index(table) else None
-    if pa.types.is_struct(table) and pa.types.is_struct(batch):
-        theirs = {f.name: f.type for f in batch}
-        fields = [
-            f.with_type(w) if (w := wider_type(f.type, theirs.get(f.name, f.type))) else f
-            for f in table
-        ]
-        return pa.struct(fields) if fields != list(table) else None
-    if pa.types.is_list(table) and pa.types.is_list(batch):
-        value = wider_type(table.value_type, batch.value_type)
-        return None if value is None else pa.list_(table.value_field.with_type(value))
-    if pa.types.is_map(table) and pa.types.is_map(batch):
-        item = wider_type(table.item_type, batch.item_type)
-        return None if item is None else pa.map_(table.key_field, table.item_field.with_type(item))
-    return None
-
-
-def _narrowable(batch: pa.DataType, table: pa.DataType) -> bool:
-    """A batch column the table's narrower numeric column takes value by value."""
-    return batch in _NUMBERS and table in _NUMBERS and batch != table
 
 
 def misfits(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.Array | None, pa.Array | None]:
@@ -439,7 +410,7 @@ def misfits(batch: pa.RecordBatch, schema: pa.Schema) -> tuple[pa.Array | None, 
         if f.name not in batch.schema.names:
             continue
         column = batch.column(f.name)
-        if not _narrowable(column.type, f.type):
+        if not narrowable(column.type, f.type):
             continue
         mine = _misfit_mask(column, f.type)
         if mine is None:
@@ -471,7 +442,7 @@ def _as_table_type(column: pa.Array, f: pa.Field, table_uri: str) -> pa.Array:
     value fits, see :func:`misfits`), and nested fields the table declares non-null filled in
     where their parent is null (a null ``["null", record]`` with required fields: Parquet
     stores nothing there, but Arrow wants no null in a non-null child)."""
-    if _narrowable(column.type, f.type):
+    if narrowable(column.type, f.type):
         bad = _misfit_mask(column, f.type)
         if bad is not None:
             value = column.filter(bad)[0].as_py()
@@ -480,21 +451,9 @@ def _as_table_type(column: pa.Array, f: pa.Field, table_uri: str) -> pa.Array:
                 f"{value!r} ({column.type}), which does not fit it; nothing was written"
             )
         return column.cast(f.type, safe=False)
-    loose = _all_nullable(f.type)
+    loose = all_nullable(f.type)
     column = column.cast(loose)
     return column if loose == f.type else _strict(column, f.type, f.name, table_uri)
-
-
-def _all_nullable(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(t):
-        return pa.struct([x.with_type(_all_nullable(x.type)).with_nullable(True) for x in t])
-    if pa.types.is_list(t):
-        v = t.value_field
-        return pa.list_(v.with_type(_all_nullable(v.type)).with_nullable(True))
-    if pa.types.is_map(t):
-        i = t.item_field
-        return pa.map_(t.key_field, i.with_type(_all_nullable(i.type)).with_nullable(True))
-    return t
 
 
 def _strict(array: pa.Array, t: pa.DataType, where: str, table_uri: str) -> pa.Array:

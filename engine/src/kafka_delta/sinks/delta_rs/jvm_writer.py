@@ -7,7 +7,7 @@ Here the same ONE Spark job (one read of Kafka) writes the files with Spark's Pa
 
 1. the batch is put in the table's terms as Spark expressions: a value too wide for the table's
    narrower numeric column makes its row a dead letter (the promotion rule of
-   :func:`kafka_delta.delta.promotion.fit_to_table`, the one rule both sinks use);
+   :func:`kafka_delta.delta.schema.fit_to_table`, the one rule both sinks use);
    the columns in the table's order and types;
 2. the dead letters' positions and errors are gathered by ``DataFrame.observe`` in the same job
    (a ``collect_list`` of the few marked rows), and the rest is written;
@@ -59,7 +59,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.delta.locations import local_path
-from kafka_delta.delta.promotion import fit_to_table, narrower_columns
+from kafka_delta.delta.schema import fit_to_table, narrower_columns
 from kafka_delta.sinks.delta_rs.file_writer import ColumnStats, FileTarget, stats_json
 
 log = logging.getLogger(__name__)

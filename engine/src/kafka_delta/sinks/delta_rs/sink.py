@@ -62,6 +62,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.delta.schema import wider_arrow_type
 from kafka_delta.delta.table_storage import join, open_filesystem
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import FencingError, check_contiguous, check_unmoved
@@ -89,7 +90,6 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     check_table_supported,
     delta_arrow_schema,
     discard_files,
-    wider_type,
     write_files,
 )
 from kafka_delta.sinks.delta_rs.jvm_writer import can_write, write_with_spark
@@ -309,8 +309,8 @@ class DeltaRsSink:
     ) -> tuple[DeltaTable, pa.Schema]:
         """(the table, its schema) with each column the batch holds wider by a promotion of the
         producers' schema (int -> long, float -> double, an integer -> double: what a Schema
-        Registry accepts, see :func:`wider_type`) widened, by a commit of its own before the
-        batch's files are written, like :meth:`_add_columns`.
+        Registry accepts, see :func:`kafka_delta.delta.schema.wider_arrow_type`) widened, by a
+        commit of its own before the batch's files are written, like :meth:`_add_columns`.
 
         delta-rs 1.6.6 cannot widen a column in place: it has no type widening (it neither
         reads nor writes a table with Delta's ``typeWidening`` feature), and a schema commit
@@ -332,7 +332,7 @@ class DeltaRsSink:
                 f.name: t
                 for f in schema
                 if f.name in batch.names
-                and (t := wider_type(f.type, batch.field(f.name).type)) is not None
+                and (t := wider_arrow_type(f.type, batch.field(f.name).type)) is not None
             }
             if not wider:
                 break  # nothing to widen, or another run widened it first
@@ -719,7 +719,7 @@ def _check_not_widened_since(files: pa.Schema, table: pa.Schema, table_uri: str)
     :meth:`DeltaRsSink._widen_columns`) are not committed: their Parquet type is no longer the
     column's. The batch stops before its commit; run again, it writes its files anew."""
     for f in files:
-        if f.name in table.names and wider_type(f.type, table.field(f.name).type) is not None:
+        if f.name in table.names and wider_arrow_type(f.type, table.field(f.name).type) is not None:
             raise SchemaMismatchError(
                 f"column {f.name!r} of table {table_uri} was widened to "
                 f"{table.field(f.name).type} while the batch's files were written as {f.type}; "

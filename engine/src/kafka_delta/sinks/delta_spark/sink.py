@@ -68,7 +68,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from kafka_delta.delta.promotion import fit_to_table, narrower_columns
+from kafka_delta.delta.schema import fit_to_table, narrower_columns
 from kafka_delta.engine import DeadLettersFound, Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import (
     RESTART,
@@ -245,7 +245,7 @@ class DeltaSparkSink:
         became long) widens the table's column first, by a commit of its own
         (:func:`.widening.widen_columns`); without schema evolution it goes into the table's
         column where each value fits, its other rows dead letters
-        (:func:`kafka_delta.delta.promotion.fit_to_table`). The table is analysed once
+        (:func:`kafka_delta.delta.schema.fit_to_table`). The table is analysed once
         (:meth:`.table.SparkTable.schema`), again only after a widening commit."""
         schema = self.table.schema()
         if (

@@ -1,5 +1,5 @@
 """A batch's wider numbers widen a delta-spark table's narrower columns, through Spark SQL: the
-delta-spark sink's commit of the promotion rule (:mod:`kafka_delta.delta.promotion`, which both
+delta-spark sink's commit of the promotion rule (:mod:`kafka_delta.delta.schema`, which both
 sinks share; the delta-rs sink makes its own with delta-rs, ``DeltaRsSink._widen_columns``).
 
 A producer's int became long, or float became double (changes a Schema Registry accepts), so the
@@ -17,7 +17,7 @@ through Spark SQL (:func:`widen_columns`):
 Either commit is idempotent: once the column is wide, a replayed or restarted batch finds nothing
 to widen; a concurrent writer's commit makes Delta refuse it (the run stops, and its restart
 widens on the newer snapshot). Without schema evolution
-(:func:`kafka_delta.delta.promotion.fit_to_table`) each value goes into the table's column when
+(:func:`kafka_delta.delta.schema.fit_to_table`) each value goes into the table's column when
 it fits exactly (a long 7 into an int column), and a value that does not fit makes its row a
 dead letter naming the column, the value and both types.
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from kafka_delta.delta.promotion import IN_PLACE, rank, wider_type
+from kafka_delta.delta.schema import IN_PLACE, spark_rank, wider_spark_type
 
 if TYPE_CHECKING:
     from kafka_delta.sinks.delta_spark.table import SparkTable
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 def _in_place(table: T.DataType, batch: T.DataType, path: str) -> list[tuple[str, T.DataType]]:
     """The ``ALTER COLUMN`` changes (field path, new type) that widen ``table`` to ``batch``
     in place, or raise ValueError when Delta cannot make one of them in place."""
-    mine, theirs = rank(table), rank(batch)
+    mine, theirs = spark_rank(table), spark_rank(batch)
     if mine is not None and theirs is not None:
         if theirs <= mine:
             return []
@@ -56,7 +56,7 @@ def _in_place(table: T.DataType, batch: T.DataType, path: str) -> list[tuple[str
             if f.name in other
             for change in _in_place(f.dataType, other[f.name], f"{path}.`{_tick(f.name)}`")
         ]
-    if wider_type(table, batch) is not None:
+    if wider_spark_type(table, batch) is not None:
         raise ValueError(path)  # inside an array or a map: left to the rewrite
     return []
 
@@ -75,7 +75,7 @@ def widen_columns(
     wider = {
         f.name: w
         for f in schema.fields
-        if f.name in theirs and (w := wider_type(f.dataType, theirs[f.name])) is not None
+        if f.name in theirs and (w := wider_spark_type(f.dataType, theirs[f.name])) is not None
     }
     if not wider:
         return False
