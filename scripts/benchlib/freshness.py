@@ -86,11 +86,13 @@ class SteadyProducer:
     topic's partitions, from a thread, until :meth:`stop`. librdkafka stamps each record with
     the time of its ``produce()`` call (CreateTime): the freshness measured starts there."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, rate: int, linger_ms: float = 5
+    ) -> None:
         from confluent_kafka import Producer
 
         self.topic, self.partitions, self.rate = topic, partitions, rate
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms})
         self.next_id = 0
         self._end_id: int | None = None
         self._last_below_end: dict[int, int] = {}
@@ -330,7 +332,9 @@ class FreshnessRun:
 
         worker = threading.Thread(target=work, name=label)
         worker.start()
-        producer = SteadyProducer(b.bootstrap, topic, a.partitions, rate).start()
+        producer = SteadyProducer(
+            b.bootstrap, topic, a.partitions, rate, a.freshness_linger_ms
+        ).start()
         checkpoint, table = Path(spec["checkpoint"]), Path(spec["table"])
         try:
             first = self._wait(lambda: latest_committed_ends(checkpoint) is not None, worker)
@@ -578,6 +582,16 @@ def add_options(parser: Any) -> None:
         "low-latency setting)",
     )
     group.add_argument(
+        "--freshness-linger-ms",
+        type=float,
+        default=5.0,
+        help="the steady producer's linger.ms (default 5). The embedded broker answers a "
+        "partition's offsets in a time that grows with the record batches it holds: at 5 ms "
+        "its offset requests on a live topic took 0.1 s each after ten minutes, and it stopped "
+        "answering; a long window (--freshness-seconds 1800) needs fewer, larger batches "
+        "(100)",
+    )
+    group.add_argument(
         "--freshness-compact-every",
         type=float,
         default=0.0,
@@ -599,6 +613,8 @@ def add_options(parser: Any) -> None:
 
 
 def check_options(parser: Any, args: Any) -> None:
+    if args.freshness_linger_ms < 0:
+        parser.error("--freshness-linger-ms must be >= 0")
     if args.freshness_compact_every < 0:
         parser.error("--freshness-compact-every must be >= 0 (0: no compaction)")
     if args.freshness_seconds <= 0 or args.freshness_warmup < 0 or args.freshness_tail_max <= 0:
