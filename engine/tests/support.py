@@ -9,11 +9,12 @@ import functools
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from deltalake import DeltaTable
 
@@ -27,6 +28,31 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 # The default project's package (conf/embedded-local.yaml), which its conf/*.yaml name.
 PACKAGE = "orders_stream"
+
+
+class RunInThread:
+    """A pipeline's ``run()`` in a daemon thread of this process, as a continuous run goes on
+    while the test produces and looks; what it raised is kept in ``failures``."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+        self.failures: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.pipeline.run()
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def start(self) -> RunInThread:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 120) -> None:
+        """Ask the run to stop after its batch, and wait for it."""
+        self.pipeline.request_stop()
+        self.thread.join(timeout)
 
 
 @functools.cache

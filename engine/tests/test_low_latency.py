@@ -23,7 +23,7 @@ from kafka_delta.sources import kafka_datasource
 from kafka_delta.sources.embedded import embedded_source_options
 from kafka_delta.sources.kafka_datasource import KafkaStreamReader
 from kafka_delta_dev.produce import produce_events
-from support import assert_exactly_once, assert_offsets_agree, table_ids
+from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_ids
 from test_kafka_round_trips import counting
 
 pytestmark = [pytest.mark.broker]
@@ -107,16 +107,7 @@ def test_a_low_latency_run_commits_each_wave_exactly_once_and_the_group_follows(
     cfg = make_config(topics)
     cfg = PipelineConfig.model_validate({**cfg.model_dump(), "trigger": LOW_LATENCY})
     pipeline = Pipeline(spark, cfg)
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run()
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    run = RunInThread(pipeline).start()
     produced = 0
     try:
         for wave in range(3):  # each wave lands on an idle, waiting run
@@ -124,17 +115,16 @@ def test_a_low_latency_run_commits_each_wave_exactly_once_and_the_group_follows(
             produced += 50
             deadline = time.monotonic() + 120
             while _rows(cfg) < produced:
-                assert not failures, failures
+                assert not run.failures, run.failures
                 assert time.monotonic() < deadline, f"wave {wave} not committed"
                 time.sleep(0.1)
         # Spark asks again this long after an answer of nothing new (its default: 10 ms).
         assert spark.conf.get(POLLING_DELAY) == "50ms"
     finally:
-        pipeline.request_stop()
-        thread.join(120)
+        run.stop()
         spark.conf.unset(POLLING_DELAY)  # the session is shared with other tests
-    assert not failures, failures
-    assert not thread.is_alive()
+    assert not run.failures, run.failures
+    assert not run.thread.is_alive()
     assert pipeline.summary.batches >= 3
     assert_exactly_once(cfg, produced)
     assert_offsets_agree(cfg)  # the commit-back's newest offsets, flushed at the stop

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from kafka_delta.delta.maintenance import DeltaRsMaintainer
 from kafka_delta.pipeline import POLLING_DELAY, Pipeline
 from kafka_delta.runtime.compaction import RunCompaction
 from kafka_delta_dev.produce import produce_events, produce_values
-from support import assert_exactly_once, assert_offsets_agree, table_ids
+from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_ids
 
 LOW_LATENCY = {"mode": "processing_time", "interval_seconds": 0, "idle_poll_seconds": 0.05}
 
@@ -69,16 +68,7 @@ def test_a_low_latency_run_compacts_its_tables_while_it_commits_and_lands_each_r
     assert dead is not None
     caplog.set_level(logging.INFO, logger="kafka_delta.runtime.compaction")
     pipeline = Pipeline(spark, cfg)
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run()
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    run = RunInThread(pipeline).start()
     produced = 0
     try:
         # Waves of small batches (40 records, a file per partition each), with a bad record
@@ -90,7 +80,7 @@ def test_a_low_latency_run_compacts_its_tables_while_it_commits_and_lands_each_r
             produced += 120
             deadline = time.monotonic() + 120
             while _rows(cfg) < produced:
-                assert not failures, failures
+                assert not run.failures, run.failures
                 assert time.monotonic() < deadline, f"wave {wave} not committed"
                 time.sleep(0.1)
             if wave == 5:
@@ -99,15 +89,14 @@ def test_a_low_latency_run_compacts_its_tables_while_it_commits_and_lands_each_r
                 while "OPTIMIZE" not in _operations(table) or "OPTIMIZE" not in (
                     _operations(dead) if DeltaTable.is_deltatable(dead) else []
                 ):
-                    assert not failures, failures
+                    assert not run.failures, run.failures
                     assert time.monotonic() < deadline, "no compaction of both tables"
                     time.sleep(0.2)
     finally:
-        pipeline.request_stop()
-        thread.join(180)
+        run.stop(180)
         spark.conf.unset(POLLING_DELAY)  # the session is shared with other tests
-    assert not failures, failures
-    assert not thread.is_alive()
+    assert not run.failures, run.failures
+    assert not run.thread.is_alive()
 
     operations = _operations(table)  # newest first
     first_compaction = max(i for i, op in enumerate(operations) if op == "OPTIMIZE")
