@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -187,3 +188,24 @@ def test_a_batch_asks_kafka_once_and_a_topic_recreated_mid_run_stops_before_the_
     assert DeltaTable(cfg.delta.table).version() == version
     Pipeline(spark, cfg.with_overrides(**{"kafka.fail_on_data_loss": False})).run()
     assert sorted(table_ids(cfg)) == [*range(50), *range(1000, 1100)]
+
+
+def test_a_topic_deleted_while_a_run_reads_it_stops_planning_with_that_sentence(
+    kafka_bootstrap, monkeypatch
+) -> None:
+    """A topic the run has read that stays missing is not "create it first": the run read it,
+    and an operator deleted it. Planning asks again for a while first (a delete and a create
+    again are two requests; planning between them saw it missing)."""
+    from kafka_delta.sources import kafka_datasource
+    from kafka_delta.sources.kafka_datasource import KafkaStreamReader
+
+    monkeypatch.setattr(kafka_datasource, "DELETED_WAIT_S", 0.5)
+    topic = f"gone-{uuid.uuid4().hex[:8]}"
+    reader = KafkaStreamReader({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic})
+    with pytest.raises(ValueError, match="create it first"):  # never read: as before
+        reader._partitions()
+    reader._topic_ids[topic] = "AAAAAAAAAAAAAAAAAAAAAA"  # read by this run, then deleted
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=f"topic '{topic}', which this run was reading, was "):
+        reader._partitions()
+    assert time.monotonic() - started >= 0.5

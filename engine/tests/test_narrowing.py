@@ -1,4 +1,4 @@
-"""The promotion rule in Spark's types (kafka_delta.delta.promotion: the delta-spark sink and the
+"""The promotion rule in Spark's types (kafka_delta.delta.schema: the delta-spark sink and the
 delta-rs sink's Spark writer apply it), on the real Spark session: a batch whose producer's int
 became long, or float became double, goes into a table's narrower column where each value fits,
 and the rows whose value does not fit become dead letters naming the column, the value and both

@@ -26,7 +26,7 @@ ENGINE = Path(kafka_delta.__file__).parent
 
 # The cluster path's entry modules: the delta-spark sink and its store, the engine factory that
 # builds them, the commands as they run on a delta-spark sink, every module of offsets/, the
-# run lease, and the Delta layer's side folder, promotion rule and locations. Everything they
+# run lease, and the Delta layer's side folder, type rules and locations. Everything they
 # import from kafka_delta is scanned too.
 ENTRIES = (
     "kafka_delta.cli",
@@ -40,7 +40,7 @@ ENTRIES = (
     "kafka_delta.sinks.delta_spark.table",
     "kafka_delta.sinks.delta_spark.widening",
     "kafka_delta.delta.side_folder",
-    "kafka_delta.delta.promotion",
+    "kafka_delta.delta.schema",
     "kafka_delta.delta.locations",
     "kafka_delta.engine_factory",
     "kafka_delta.commands.offsets",
@@ -76,7 +76,8 @@ NOT_DELTA: dict[tuple[str, str], str] = {}
 # The same, for `deltalake` itself in a cluster-path module: (module, function): why.
 EMBEDDED_DELTALAKE = {
     ("kafka_delta.commands.reset", "commit_reset"): "the delta-rs sink's reset commit",
-    ("kafka_delta.commands.table", "DeltaRsMaintainer._open"): "the delta-rs maintainer",
+    ("kafka_delta.delta.maintenance", "DeltaRsMaintainer._open"): "the delta-rs maintainer",
+    ("kafka_delta.delta.maintenance", "DeltaRsMaintainer.exists"): "the delta-rs maintainer",
 }
 # runtime/ helpers (the lead's) that touch sparkContext only as a classic-session optimization,
 # guarded so that a Spark Connect session skips it: module: why.

@@ -19,6 +19,14 @@ from kafka_delta.kafka.clients import admin_settings
 from kafka_delta.offsets.model import Offsets
 
 
+class TopicMissingError(ValueError):
+    """A topic asked for is not on the cluster (never created, or deleted)."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
 class KafkaUnavailableError(RuntimeError):
     """The brokers did not answer in time: a metadata request, or a read task's fetches. A run
     waits such an outage out (``kafka.unavailable_timeout_seconds``, :mod:`kafka_delta.pipeline`)
@@ -113,9 +121,10 @@ class KafkaAdmin:
                         raise
                     description = None
                 if description is None or not description.partitions:
-                    raise ValueError(
+                    raise TopicMissingError(
+                        name,
                         f"topic {name!r} does not exist on {self.bootstrap_servers} "
-                        "(create it first; the pipeline never auto-creates topics)"
+                        "(create it first; the pipeline never auto-creates topics)",
                     )
                 partitions[name] = sorted(p.id for p in description.partitions)
                 topic_id = description.topic_id

@@ -65,7 +65,13 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA
-from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError, Watermarks
+from kafka_delta.kafka.admin import (
+    KafkaAdmin,
+    KafkaUnavailableError,
+    TopicMissingError,
+    Topics,
+    Watermarks,
+)
 from kafka_delta.kafka.clients import consumer_settings
 from kafka_delta.offsets.model import (
     Offsets,
@@ -87,6 +93,11 @@ SOURCE_NAME = "kafka_embedded"
 _ROWS_PER_ARROW_BATCH = 50_000
 # The low-latency trigger: how long latestOffset holds an answer of "nothing new" (see above).
 IDLE_WAIT_S = 1.0
+
+
+# How long a topic this run has read may be missing before the query stops: a delete and a
+# create again are two requests, and planning may fall between them.
+DELETED_WAIT_S = 10.0
 
 
 class DataLossError(RuntimeError):
@@ -277,7 +288,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The subscription's partitions; the same metadata request answers the topics' ids,
         and a topic known by another id than before stops the query (see the module's
         docstring). Brokers that report no topic ids are compared on nothing."""
-        found = self.admin.describe(self.options.topics)
+        found = self._describe()
         changed = sorted(
             t
             for t, i in found.ids.items()
@@ -287,6 +298,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise recreated_while_running(changed)
         self._topic_ids.update(found.ids)
         return found.partitions
+
+    def _describe(self) -> Topics:
+        """The subscription's metadata. A topic this run has read that is not there is being
+        deleted, maybe to be created again (an operator's delete and create are two requests):
+        it is asked for again for up to :data:`DELETED_WAIT_S`, so that a topic created again
+        is told by its new id (stopping the query with that sentence); one still missing stops
+        the query saying it was deleted while the run read it."""
+        deadline = time.monotonic() + DELETED_WAIT_S
+        while True:
+            try:
+                return self.admin.describe(self.options.topics)
+            except TopicMissingError as exc:
+                if exc.topic not in self._topic_ids:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TopicMissingError(
+                        exc.topic,
+                        f"topic {exc.topic!r}, which this run was reading, was deleted from "
+                        f"{self.options.bootstrap_servers} while the run read it: create it "
+                        "again (the next run then says what the table holds against it) or "
+                        "take it out of kafka.topics",
+                    ) from None
+                time.sleep(0.2)
 
     def _first_offset(self, topic: str, partition: int, earliest: Offsets) -> int:
         """Where a partition new to the checkpoint starts (a topic added to the subscription,
