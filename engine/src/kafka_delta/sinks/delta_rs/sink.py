@@ -108,7 +108,7 @@ NEW_TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 # the sink's append, 3.2 -> 10.5 ms a commit from 100 to 1,000 versions (2.1 -> 3.7 ms without
 # it), growing with every version, thousands an hour on a low-latency trigger. The cleanup is
 # maintenance's: `table maintain`'s checkpoint step applies the table's
-# delta.logRetentionDuration (commands.table.DeltaRsMaintainer.checkpoint).
+# delta.logRetentionDuration (delta.maintenance.DeltaRsMaintainer.checkpoint).
 BATCH_COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 __all__ = [
