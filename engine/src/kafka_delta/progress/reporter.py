@@ -40,7 +40,8 @@ class BatchReporter:
         self._queue.put(report)
 
     def flush(self) -> None:
-        """Wait until every report submitted so far has run."""
+        """Wait until every report submitted so far has run (the benchmark's timed pipeline
+        reads each batch's progress line right after the batch: scripts/benchlib/spark_run.py)."""
         self._queue.join()
 
     def close(self) -> None:
