@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -48,6 +49,16 @@ class RunInThread:
     def start(self) -> RunInThread:
         self.thread.start()
         return self
+
+    def wait_until(
+        self, condition: Callable[[], bool], what: str, timeout: float = 120, every: float = 0.1
+    ) -> None:
+        """Until ``condition()``; fails at once if the run failed, or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert not self.failures, self.failures
+            assert time.monotonic() < deadline, what
+            time.sleep(every)
 
     def stop(self, timeout: float = 120) -> None:
         """Ask the run to stop after its batch, and wait for it."""
@@ -163,6 +174,14 @@ def spark_jobs(spark, action: Callable[[], T]) -> tuple[T, list[int]]:
 def table_ids(cfg: PipelineConfig) -> Counter[int]:
     table = DeltaTable(cfg.delta.table, storage_options=cfg.delta.storage_options or None)
     return Counter(table.to_pyarrow_table()["id"].to_pylist())
+
+
+def table_rows(cfg: PipelineConfig) -> int:
+    """The table's rows; 0 before the first commit made it."""
+    try:
+        return sum(table_ids(cfg).values())
+    except Exception:  # no table before the first commit
+        return 0
 
 
 def assert_exactly_once(cfg: PipelineConfig, produced: int) -> None:

@@ -23,7 +23,7 @@ from kafka_delta.sources import kafka_datasource
 from kafka_delta.sources.embedded import embedded_source_options
 from kafka_delta.sources.kafka_datasource import KafkaStreamReader
 from kafka_delta_dev.produce import produce_events
-from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_ids
+from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_rows
 from test_kafka_round_trips import counting
 
 pytestmark = [pytest.mark.broker]
@@ -113,11 +113,7 @@ def test_a_low_latency_run_commits_each_wave_exactly_once_and_the_group_follows(
         for wave in range(3):  # each wave lands on an idle, waiting run
             produce_events(kafka_bootstrap, topics, 50, first_id=produced)
             produced += 50
-            deadline = time.monotonic() + 120
-            while _rows(cfg) < produced:
-                assert not run.failures, run.failures
-                assert time.monotonic() < deadline, f"wave {wave} not committed"
-                time.sleep(0.1)
+            run.wait_until(lambda n=produced: table_rows(cfg) >= n, f"wave {wave} not committed")
         # Spark asks again this long after an answer of nothing new (its default: 10 ms).
         assert spark.conf.get(POLLING_DELAY) == "50ms"
     finally:
@@ -149,9 +145,9 @@ def test_a_batchs_report_runs_while_the_next_batches_commit(
         def on_batch(self, progress) -> None:
             if progress.batch_id == 0:
                 deadline = time.monotonic() + 60
-                while _rows(cfg) < 300 and time.monotonic() < deadline:
+                while table_rows(cfg) < 300 and time.monotonic() < deadline:
                     time.sleep(0.1)
-                self.later_batches_committed = _rows(cfg) == 300
+                self.later_batches_committed = table_rows(cfg) == 300
             self.seen.append(progress.batch_id)
 
         def on_run_end(self, commit_back) -> None:
@@ -167,10 +163,3 @@ def test_a_batchs_report_runs_while_the_next_batches_commit(
     assert summary.batches == 3 and summary.rows_written == 300
     assert_exactly_once(cfg, 300)
     assert_offsets_agree(cfg)
-
-
-def _rows(cfg: PipelineConfig) -> int:
-    try:
-        return sum(table_ids(cfg).values())
-    except Exception:  # no table before the first commit
-        return 0

@@ -23,16 +23,9 @@ from kafka_delta.delta.maintenance import DeltaRsMaintainer
 from kafka_delta.pipeline import POLLING_DELAY, Pipeline
 from kafka_delta.runtime.compaction import RunCompaction
 from kafka_delta_dev.produce import produce_events, produce_values
-from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_ids
+from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_rows
 
 LOW_LATENCY = {"mode": "processing_time", "interval_seconds": 0, "idle_poll_seconds": 0.05}
-
-
-def _rows(cfg: PipelineConfig) -> int:
-    try:
-        return sum(table_ids(cfg).values())
-    except Exception:  # no table before the first commit
-        return 0
 
 
 def _operations(uri: str) -> list[str]:
@@ -78,20 +71,18 @@ def test_a_low_latency_run_compacts_its_tables_while_it_commits_and_lands_each_r
                 produce_values(kafka_bootstrap, topic, [(wave % 2, b"not json")])
             produce_events(kafka_bootstrap, [topic], 120, first_id=produced)
             produced += 120
-            deadline = time.monotonic() + 120
-            while _rows(cfg) < produced:
-                assert not run.failures, run.failures
-                assert time.monotonic() < deadline, f"wave {wave} not committed"
-                time.sleep(0.1)
+            run.wait_until(lambda n=produced: table_rows(cfg) >= n, f"wave {wave} not committed")
             if wave == 5:
                 # Later waves commit on top of compacted tables.
-                deadline = time.monotonic() + 120
-                while "OPTIMIZE" not in _operations(table) or "OPTIMIZE" not in (
-                    _operations(dead) if DeltaTable.is_deltatable(dead) else []
-                ):
-                    assert not run.failures, run.failures
-                    assert time.monotonic() < deadline, "no compaction of both tables"
-                    time.sleep(0.2)
+                run.wait_until(
+                    lambda: (
+                        "OPTIMIZE" in _operations(table)
+                        and DeltaTable.is_deltatable(dead)
+                        and "OPTIMIZE" in _operations(dead)
+                    ),
+                    "no compaction of both tables",
+                    every=0.2,
+                )
     finally:
         run.stop(180)
         spark.conf.unset(POLLING_DELAY)  # the session is shared with other tests
