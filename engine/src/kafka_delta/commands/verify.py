@@ -683,9 +683,14 @@ def _read_range(
     t, p = tp
     consumer.assign([topic_partition(t, p, lo)])
     deadline = time.monotonic() + KAFKA_TIMEOUT_S
+    position = lo
     try:
         while True:
-            messages = consumer.consume(num_messages=10_000, timeout=1.0)
+            # Ask for no more than the range holds: consume() waits out its whole timeout
+            # whenever fewer messages than asked for are available (a second a partition,
+            # the source's rule too: kafka_datasource.read_range).
+            wanted = max(1, min(10_000, hi - position))
+            messages = consumer.consume(num_messages=wanted, timeout=0.5)
             if not messages:
                 if time.monotonic() > deadline:
                     raise KafkaUnavailableError(
@@ -717,6 +722,9 @@ def _read_range(
                     return hi
                 offsets.append(message.offset())
                 stamps.append(message.timestamp()[1])
+                position = message.offset() + 1
+                if position >= hi:
+                    return hi
     finally:
         consumer.unassign()
 
