@@ -101,6 +101,10 @@ class EmbeddedBroker(ChildServer):
     ...     produce_events(broker.bootstrap_servers, ["orders"], 1000)
     """
 
+    # Its log is in memory, gone at exit whatever the signal, and on SIGTERM Tansu waits 5 s
+    # for its clients to hang up: stop() kills it at once.
+    polite_stop = False
+
     def __init__(
         self, port: int | None = None, log_path: Path | None = None, *, detached: bool = False
     ) -> None:

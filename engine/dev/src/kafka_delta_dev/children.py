@@ -61,9 +61,12 @@ def wait_for_http(
 
 class ChildServer(abc.ABC):
     """A server in a child process of ours: ``start()`` (each server's own) sets ``process``;
-    ``stop()`` ends it by its pid, politely first; ``with`` starts and stops it."""
+    ``stop()`` ends it by its pid (politely first, unless ``polite_stop`` is False); ``with``
+    starts and stops it."""
 
     process: subprocess.Popen[Any] | None = None
+    # False for a server with nothing to save at exit: ``stop()`` kills it at once.
+    polite_stop: bool = True
 
     @abc.abstractmethod
     def start(self: Server) -> Server:
@@ -72,7 +75,10 @@ class ChildServer(abc.ABC):
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
+        if self.process.poll() is None and not self.polite_stop:
+            self.process.kill()
+            self.process.wait()
+        elif self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
