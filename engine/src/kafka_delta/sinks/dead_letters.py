@@ -185,7 +185,7 @@ def positions_held(
     sink's tables; a delta-spark sink reads its own through Spark, ``positions_held`` of
     :class:`kafka_delta.sinks.delta_spark.sink.DeltaSparkSink`): only the position columns,
     filtered."""
-    from kafka_delta.sinks.delta_rs.offset_store import open_table
+    from kafka_delta.delta.rs_offset_store import open_table
 
     table = open_table(table_uri, storage_options)
     if table is None or dead.num_rows == 0:

@@ -62,6 +62,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.delta.rs_offset_store import newest_stored_in, open_table
 from kafka_delta.delta.schema import wider_arrow_type
 from kafka_delta.delta.table_storage import join, open_filesystem
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
@@ -93,7 +94,6 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     write_files,
 )
 from kafka_delta.sinks.delta_rs.jvm_writer import can_write, write_with_spark
-from kafka_delta.sinks.delta_rs.offset_store import newest_stored_in, open_table
 from kafka_delta.sinks.upsert import merge_clauses, upserted_arrow, upserted_frame
 
 # Properties of the tables this sink creates. A Delta checkpoint every 10 commits, as delta-spark
