@@ -68,9 +68,6 @@ EMBEDDED_BRANCHES = {
     ("kafka_delta.recovery.lease", "kafka_delta.delta.table_storage"): (
         "the delta-rs sink's lease folder in its table"
     ),
-    ("kafka_delta.sinks.dead_letters", "kafka_delta.delta.rs_offset_store"): (
-        "positions_held, used only for a sink without a reader of its own (delta-rs)"
-    ),
 }
 # The sources are scanned too: under Spark Connect (serverless, standard access) the whole run
 # goes without a SparkContext, not only its Delta access. (importer, imported): why.

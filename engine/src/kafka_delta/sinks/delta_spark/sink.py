@@ -372,9 +372,9 @@ class DeltaSparkSink:
         dead: pa.Table,
         topic_ids: TopicIds = None,
     ) -> set[tuple[str, int, int]]:
-        """As :func:`kafka_delta.sinks.dead_letters.positions_held`, for this sink's table
-        (the dead-letter table), read through Spark: the position columns of the rows at the
-        dead letters' offsets."""
+        """As :meth:`kafka_delta.engine.Sink.positions_held`, for this sink's table (the
+        dead-letter table), read through Spark: the position columns of the rows at the dead
+        letters' offsets."""
         from pyspark.sql import functions as F
 
         if dead.num_rows == 0 or not self.table.exists():
