@@ -23,8 +23,8 @@ from pathlib import Path
 
 from cookiecutter.main import cookiecutter
 from kafka_delta import config as config_mod
+from kafka_delta.delta import rs_offset_store as store_mod
 from kafka_delta.kafka import admin as admin_mod
-from kafka_delta.sinks.delta_rs import offset_store as store_mod
 from kafka_delta_dev import broker as broker_mod
 from kafka_delta_dev import produce as produce_mod
 from kafka_delta_dev import schema_registry_server as registry_mod

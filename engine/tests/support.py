@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from deltalake import DeltaTable
 
 from kafka_delta.config import PipelineConfig, load_config
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin, total_lag
 from kafka_delta.recovery.checkpoint import CheckpointLog
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 
 T = TypeVar("T")
 

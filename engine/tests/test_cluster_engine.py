@@ -12,20 +12,20 @@ import yaml
 
 from kafka_delta.cli import main
 from kafka_delta.config import KafkaConfig, PipelineConfig
-from kafka_delta.engine_factory import build_engine
-from kafka_delta.offsets.model import BatchCommit, StoredOffsets, parse_user_metadata
-from kafka_delta.offsets.stored import newest_stored_paged
-from kafka_delta.recovery.checkpoint import CheckpointLog
-from kafka_delta.runtime.connectors import ConnectorMissingError, missing_connectors
-from kafka_delta.sinks.dead_letters import split_dead_letters_df
-from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog
-from kafka_delta.sinks.delta_spark.sink import (
+from kafka_delta.delta.spark_commit import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
     USER_METADATA_CONF,
     append_options,
     delta_txn_confs,
 )
+from kafka_delta.delta.spark_offset_store import DeltaSparkLog
+from kafka_delta.engine_factory import build_engine
+from kafka_delta.offsets.model import BatchCommit, StoredOffsets, parse_user_metadata
+from kafka_delta.offsets.stored import newest_stored_paged
+from kafka_delta.recovery.checkpoint import CheckpointLog
+from kafka_delta.runtime.connectors import ConnectorMissingError, missing_connectors
+from kafka_delta.sinks.dead_letters import split_dead_letters_df
 from kafka_delta.sources.spark_kafka import SparkKafkaSource, spark_kafka_options
 from support import PROJECT, spark_jobs
 
@@ -272,7 +272,7 @@ def _log(spark, history: _History) -> DeltaSparkLog:
 def test_the_fence_seq_without_a_txn_reader_never_falls_below_the_stored_fence(spark) -> None:
     """Spark reads no txn action: where the history cannot show the fence (a RESTORE undid the
     pipeline's newest commits; log cleanup removed them), the delta-spark reader answers with a
-    seq no lower than any the table can store (kafka_delta.sinks.delta_spark.offset_store)."""
+    seq no lower than any the table can store (kafka_delta.delta.spark_offset_store)."""
     from kafka_delta.offsets.model import fence_app_id
 
     def commit(seq: int) -> str:

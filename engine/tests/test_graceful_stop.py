@@ -27,10 +27,10 @@ from deltalake import DeltaTable
 
 from conftest import STANDIN
 from kafka_delta.config import PipelineConfig, load_config
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.runtime.graceful_stop import StopGate, StopInProgress, StopSignals
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.produce import produce_events
 from support import PACKAGE, PROJECT, assert_exactly_once, assert_offsets_agree
 

@@ -29,13 +29,13 @@ from pyspark.sql import functions as F
 from kafka_delta.cli import main
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
 from kafka_delta.decoding.failures import reported
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import parse_user_metadata
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.metrics import PrometheusMetrics
 from kafka_delta.recovery.checkpoint import CheckpointMismatchError
 from kafka_delta.runtime.faults import armed
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.debezium import produce_records
 from kafka_delta_dev.orders import transform as orders_transform
 from kafka_delta_dev.produce import EVENT_TYPES, produce_events, produce_values

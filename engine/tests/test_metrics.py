@@ -16,11 +16,11 @@ import pytest
 from deltalake import DeltaTable
 
 from kafka_delta.commands import report
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.log_file import JsonLinesProgress, read_progress
 from kafka_delta.progress.metrics import PrometheusMetrics
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.produce import event, produce_values
 from support import forget_last_spark_commit, last_batch
 

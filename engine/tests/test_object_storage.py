@@ -200,8 +200,8 @@ def test_delta_spark_commit_copies_and_leases_live_beside_a_checkpoint_in_a_buck
     (never delta-rs: the cluster path imports none of it), and nothing in the table."""
     from pyarrow import fs as pafs
 
+    from kafka_delta.delta.commit_copies import CommitCopies
     from kafka_delta.delta.side_folder import open_side, table_key
-    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 
     bucket = object_store.create_bucket(f"lake-{uuid.uuid4().hex[:8]}")
     options = object_store.storage_options()

@@ -14,10 +14,10 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from kafka_delta.config import PipelineConfig
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import CheckpointMismatchError, Pipeline
 from kafka_delta.progress.summary import RunSummary
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.produce import event, produce_events, produce_values
 from support import (
     assert_exactly_once,

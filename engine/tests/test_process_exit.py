@@ -23,7 +23,7 @@ from kafka_delta.sinks.delta_rs.sink import DeltaRsSink
 READ_TABLE = """
 import sys
 
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore, open_table
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore, open_table
 from kafka_delta.runtime.process_exit import run_and_exit
 
 

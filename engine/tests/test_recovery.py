@@ -23,6 +23,7 @@ import test_graceful_stop
 from conftest import skip_without_connectors
 from kafka_delta.cli import main
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
 from kafka_delta.offsets.stored import OffsetsExpiredError
@@ -30,7 +31,6 @@ from kafka_delta.offsets.topic_identity import TopicRecreatedError
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.recovery.checkpoint import CheckpointMismatchError
 from kafka_delta.runtime.connectors import DELTA_SESSION_CONFS, local_connector_jars
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta_dev.orders import transform as default_transform
 from kafka_delta_dev.produce import produce_events, produce_values
 from kafka_delta_dev.pytest_plugin import JARS_DIR

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
 from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit, parse_user_metadata
-from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
 from kafka_delta.sinks.delta_rs.sink import DeltaRsSink, FencingError
 
 

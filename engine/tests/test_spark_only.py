@@ -26,8 +26,9 @@ ENGINE = Path(kafka_delta.__file__).parent
 
 # The cluster path's entry modules: the delta-spark sink and its store, the engine factory that
 # builds them, the commands as they run on a delta-spark sink, every module of offsets/, the
-# run lease, and the Delta layer's side folder, type rules and locations. Everything they
-# import from kafka_delta is scanned too.
+# run lease, and the Delta layer's side folder, type rules, locations and its Spark half (the
+# table through Spark, a commit's options, the offset store, the commit copies). Everything
+# they import from kafka_delta is scanned too.
 ENTRIES = (
     "kafka_delta.cli",
     "kafka_delta.pipeline",
@@ -35,9 +36,10 @@ ENTRIES = (
     "kafka_delta.sources.spark_kafka",
     "kafka_delta.sources.embedded",
     "kafka_delta.sinks.delta_spark.sink",
-    "kafka_delta.sinks.delta_spark.offset_store",
-    "kafka_delta.sinks.delta_spark.commit_copies",
-    "kafka_delta.sinks.delta_spark.table",
+    "kafka_delta.delta.spark_offset_store",
+    "kafka_delta.delta.commit_copies",
+    "kafka_delta.delta.spark_table",
+    "kafka_delta.delta.spark_commit",
     "kafka_delta.sinks.delta_spark.widening",
     "kafka_delta.delta.side_folder",
     "kafka_delta.delta.schema",
@@ -59,15 +61,12 @@ ENTRIES = (
 # the cluster path never enters. (importer, imported): why.
 EMBEDDED_BRANCHES = {
     ("kafka_delta.engine_factory", "kafka_delta.sinks.delta_rs.sink"): "engine.sink delta_rs",
-    ("kafka_delta.engine_factory", "kafka_delta.sinks.delta_rs.offset_store"): "same branch",
-    ("kafka_delta.commands.table_log", "kafka_delta.sinks.delta_rs.offset_store"): (
+    ("kafka_delta.engine_factory", "kafka_delta.delta.rs_offset_store"): "same branch",
+    ("kafka_delta.commands.table_log", "kafka_delta.delta.rs_offset_store"): (
         "open_table / table_log for engine.sink delta_rs"
     ),
     ("kafka_delta.recovery.lease", "kafka_delta.delta.table_storage"): (
         "the delta-rs sink's lease folder in its table"
-    ),
-    ("kafka_delta.sinks.dead_letters", "kafka_delta.sinks.delta_rs.offset_store"): (
-        "positions_held, used only for a sink without a reader of its own (delta-rs)"
     ),
 }
 # The sources are scanned too: under Spark Connect (serverless, standard access) the whole run
@@ -192,8 +191,10 @@ def test_no_module_on_the_cluster_path_imports_deltalake_or_touches_the_jvm() ->
         and not (what.startswith("imports deltalake") and (module, where) in EMBEDDED_DELTALAKE)
     ]
     assert problems == []
-    # The delta-rs sink is off the cluster path, and the scan would see it if it were not.
+    # The delta-rs sink and the Delta layer's delta-rs half are off the cluster path, and the
+    # scan would see them if they were not.
     assert not any(m.startswith("kafka_delta.sinks.delta_rs") for m in reached)
+    assert "kafka_delta.delta.rs_offset_store" not in reached
 
 
 def test_the_scan_finds_a_deltalake_import_or_a_jvm_touch_it_is_shown() -> None:
@@ -315,8 +316,8 @@ def test_one_run_leases_each_of_its_tables_on_one_checkpoint_and_a_second_run_is
 def test_commit_copies_are_kept_beside_the_checkpoint_per_table_and_the_newest_is_read(
     tmp_path: Path,
 ) -> None:
+    from kafka_delta.delta.commit_copies import CommitCopies
     from kafka_delta.delta.side_folder import table_key
-    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
 
     checkpoint = str(tmp_path / "cp")
     copies = CommitCopies("main.sales.orders", checkpoint, "p")

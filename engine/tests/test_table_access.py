@@ -1,5 +1,5 @@
 """Bad table input on the cluster engine gets one sentence and exit code 2, and writes nothing
-(kafka_delta.sinks.delta_spark.table): a name whose catalog or schema does not exist, a path to
+(kafka_delta.delta.spark_table): a name whose catalog or schema does not exist, a path to
 a table the catalog manages (use its name), a grant the principal lacks (a refused CREATE
 TABLE). The sentences are checked on Spark's own exceptions where this machine can raise them
 (a plain Spark session: its catalog answers for schemas and catalogs), and on the texts Delta
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError, access_problem
+from kafka_delta.delta.spark_table import SparkTable, TableAccessError, access_problem
 
 pytestmark = pytest.mark.spark
 

@@ -9,8 +9,9 @@ engine's own:
 - ``recovery/``: Spark's checkpoint judged against the table, the run lease;
 - ``sources/``: the embedded Kafka source and Spark's kafka source;
 - ``sinks/``: the delta-rs and delta-spark sinks, dead letters, upsert;
-- ``delta/``: what both sinks and recovery share of the table: its locations, folder and side
-  folder, the promotion rule;
+- ``delta/``: what both sinks, recovery and the commands share of the table: its locations,
+  folder and side folder, the promotion rule, the table as each engine reaches it and the
+  offsets read from its log;
 - ``decoding/``: JSON, Avro and Protobuf into typed columns, the Schema Registry client;
 - ``kafka/``: metadata queries and the consumer-group commit-back;
 - ``commands/``: ``offsets``, ``table`` and ``report``, and the options they share;

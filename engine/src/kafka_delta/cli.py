@@ -189,7 +189,7 @@ _EXPECTED = {
     "SchemaFileError": EXIT_REFUSED,
     "SchemaMismatchError": EXIT_REFUSED,
     # A table name whose catalog or schema does not exist, a path to a catalog-managed table,
-    # a grant the principal lacks (kafka_delta.sinks.delta_spark.table).
+    # a grant the principal lacks (kafka_delta.delta.spark_table).
     "TableAccessError": EXIT_REFUSED,
     "RegistryUnavailableError": EXIT_UNAVAILABLE,
     # The brokers stayed unreachable for kafka.unavailable_timeout_seconds (kafka/outage.py).

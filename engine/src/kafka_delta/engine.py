@@ -155,6 +155,19 @@ class Sink(Protocol):
         """The table's column names as they are now; None when there is no table yet."""
         ...
 
+    def positions_held(
+        self,
+        table_uri: str,
+        storage_options: dict[str, str] | None,
+        dead: pa.Table,
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> set[tuple[str, int, int]]:
+        """The positions ``(topic, partition, offset)`` of ``dead`` (dead letters) that the
+        table at ``table_uri`` (this sink's: the dead-letter table) already holds for the same
+        topic (``topic_ids``: the batch's), read the way this sink reads its table; see
+        :mod:`kafka_delta.sinks.dead_letters`, whose queue asks."""
+        ...
+
 
 class OffsetStore(Protocol):
     def read(

@@ -70,7 +70,7 @@ def build_engine(
 
     options = config.delta.storage_options
     if config.engine.sink == "delta_rs":
-        from kafka_delta.sinks.delta_rs.offset_store import DeltaRsOffsetStore
+        from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
         from kafka_delta.sinks.delta_rs.sink import DeltaRsSink
 
         return Engine(
@@ -90,7 +90,7 @@ def build_engine(
                 DeltaRsOffsetStore(dead_table, config.pipeline_id, options) if dead_table else None
             ),
         )
-    from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkOffsetStore
+    from kafka_delta.delta.spark_offset_store import DeltaSparkOffsetStore
     from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
 
     checkpoint = config.checkpoint

@@ -510,11 +510,11 @@ def _commit_with_spark(
     or skipped by delta-spark (its seq is no longer above the stored one), which the read-back
     tells; either way the reset says so and writes nothing more. Once read back as the
     pipeline's newest commit, it is copied beside the checkpoint as the sink copies each batch's
-    commit (:mod:`kafka_delta.sinks.delta_spark.commit_copies`): after log cleanup the copy is
+    commit (:mod:`kafka_delta.delta.commit_copies`): after log cleanup the copy is
     what still names the offsets the reset skipped to."""
-    from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-    from kafka_delta.sinks.delta_spark.sink import append_options, lost_race
-    from kafka_delta.sinks.delta_spark.table import TableAccessError
+    from kafka_delta.delta.commit_copies import CommitCopies
+    from kafka_delta.delta.spark_commit import append_options, lost_race
+    from kafka_delta.delta.spark_table import TableAccessError
 
     frame = table.table.frame().limit(0)
     writer = frame.write.format("delta").mode("append").options(**append_options(commit))

@@ -205,7 +205,7 @@ def _spark_state(uri: str, config: PipelineConfig) -> TableState | None:
     from pyspark.sql import functions as F
 
     from kafka_delta.commands.table_log import command_spark
-    from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError
+    from kafka_delta.delta.spark_table import SparkTable, TableAccessError
 
     spark = command_spark(config)
     table = SparkTable(spark, uri)

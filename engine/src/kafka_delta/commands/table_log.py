@@ -77,7 +77,7 @@ class SparkCommandTable:
     ``to_pyarrow_table``), answered through Spark alone."""
 
     def __init__(self, table: Any) -> None:
-        self.table = table  # kafka_delta.sinks.delta_spark.table.SparkTable
+        self.table = table  # kafka_delta.delta.spark_table.SparkTable
 
     def history(self, limit: int | None = None) -> list[dict[str, object]]:
         return self.table.history(limit)
@@ -119,10 +119,10 @@ def open_table(uri: str, config: PipelineConfig) -> Any | None:
     """The table at ``uri`` (a path, or a catalog name on delta-spark) as its sink reaches it
     (see the module docstring); None when there is none."""
     if config.engine.sink == "delta_rs":
-        from kafka_delta.sinks.delta_rs.offset_store import open_table as open_delta_rs
+        from kafka_delta.delta.rs_offset_store import open_table as open_delta_rs
 
         return open_delta_rs(uri, config.delta.storage_options)
-    from kafka_delta.sinks.delta_spark.table import SparkTable, TableAccessError
+    from kafka_delta.delta.spark_table import SparkTable, TableAccessError
 
     table = SparkTable(command_spark(config), uri)
     try:
@@ -143,14 +143,14 @@ def table_log(table: Any, config: PipelineConfig) -> TableLog:
     """The reader's view (:class:`kafka_delta.offsets.stored.TableLog`) of ``table`` (from
     :func:`open_table`), with the commit copies its sink keeps (delta-spark)."""
     if isinstance(table, SparkCommandTable):
-        from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-        from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog
+        from kafka_delta.delta.commit_copies import CommitCopies
+        from kafka_delta.delta.spark_offset_store import DeltaSparkLog
 
         copies = CommitCopies(
             config.delta.table, config.checkpoint, config.pipeline_id, config.delta.storage_options
         )
         return DeltaSparkLog(table.table, config.pipeline_id, copies)
-    from kafka_delta.sinks.delta_rs.offset_store import DeltaRsLog
+    from kafka_delta.delta.rs_offset_store import DeltaRsLog
 
     return DeltaRsLog(table)
 

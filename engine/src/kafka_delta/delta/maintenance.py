@@ -136,12 +136,12 @@ class DeltaSparkMaintainer:
         return int(configured) if configured else DELTA_SPARK_MIN_FILE_SIZE
 
     def exists(self, uri: str) -> bool:
-        from kafka_delta.sinks.delta_spark.table import SparkTable
+        from kafka_delta.delta.spark_table import SparkTable
 
         return SparkTable(self.spark, uri).exists()
 
     def compact(self, uri: str) -> tuple[int, int, int]:
-        from kafka_delta.sinks.delta_spark.table import SparkTable
+        from kafka_delta.delta.spark_table import SparkTable
 
         table = SparkTable(self.spark, uri).sql_name()
         row = self.spark.sql(f"OPTIMIZE {table}").first()
@@ -156,7 +156,7 @@ class DeltaSparkMaintainer:
         )
 
     def vacuum(self, uri: str, hours: float, full: bool, dry_run: bool) -> list[str]:
-        from kafka_delta.sinks.delta_spark.table import SparkTable
+        from kafka_delta.delta.spark_table import SparkTable
 
         table = SparkTable(self.spark, uri).sql_name()
         mode = "FULL" if full else "LITE"
@@ -169,7 +169,7 @@ class DeltaSparkMaintainer:
     def checkpoint(self, uri: str) -> int:
         """delta-spark writes checkpoints itself (every ``delta.checkpointInterval`` commits)
         and gives Spark's APIs no call to force one: nothing is written; the table's version."""
-        from kafka_delta.sinks.delta_spark.table import SparkTable
+        from kafka_delta.delta.spark_table import SparkTable
 
         return int(SparkTable(self.spark, uri).history(1)[0]["version"])  # type: ignore[call-overload]
 

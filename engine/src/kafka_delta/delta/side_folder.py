@@ -1,5 +1,5 @@
 """Where a pipeline keeps what is not Delta's: run leases (:mod:`kafka_delta.recovery.lease`)
-and the delta-spark sink's commit copies (:mod:`kafka_delta.sinks.delta_spark.commit_copies`).
+and the delta-spark sink's commit copies (:mod:`kafka_delta.delta.commit_copies`).
 
 - **delta-rs sink** (the embedded engine): ``<table>/_kafka_delta/<pipeline_id>/``, as before.
   That engine reaches the table's storage itself (it writes the data files), so the folder

@@ -42,7 +42,7 @@ other writers commit would lose its ``userMetadata`` offsets. The delta-rs sink 
 writes one txn per partition whose version is the partition's end offset, as kafka-delta-ingest
 does. delta-spark's writer carries a single txn (the fence), so the delta-spark sink keeps a
 copy of each commit's record beside the checkpoint, named by the fence's seq
-(:mod:`kafka_delta.sinks.delta_spark.commit_copies`). Neither is the truth once log cleanup
+(:mod:`kafka_delta.delta.commit_copies`). Neither is the truth once log cleanup
 removed the pipeline's commits: a Delta RESTORE reverts no txn action and no copy, so both may
 still name a batch the table no longer holds. The reader then recomputes the offsets from the
 rows the table holds (:func:`kafka_delta.offsets.stored.from_the_rows`), and the copies only
@@ -366,7 +366,7 @@ class StoredOffsets:
     seq: int = 0
     expired: bool = False
     # The commit's record as written (delta-spark keeps a copy of it:
-    # sinks/delta_spark/commit_copies.py); not part of what the offsets are.
+    # delta/commit_copies.py); not part of what the offsets are.
     user_metadata: str | None = field(default=None, compare=False)
     # The metadata of an operator's reset when the stored offsets come from one (None for a
     # batch, or when read from txn actions after log cleanup).

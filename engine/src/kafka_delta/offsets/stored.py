@@ -4,7 +4,7 @@ The pipeline's start, both sinks' checks and the ``offsets`` commands all ask th
 ("where does the table say this pipeline ends?"), and all of them read the answer here, so no
 reader can know less than another. A table is seen through a :class:`TableLog`: its history,
 its txn actions (none through Spark: the delta-spark side answers for the fence alone, see
-:mod:`kafka_delta.sinks.delta_spark.offset_store`), and (delta-spark sink) the copies of the
+:mod:`kafka_delta.delta.spark_offset_store`), and (delta-spark sink) the copies of the
 pipeline's commit records kept beside the checkpoint.
 
 In order:

@@ -7,5 +7,7 @@ its rows, its txn and its offsets.
 - :mod:`.upsert`: each key's newest record of a batch, for MERGE.
 
 The two sinks never import each other: what both use of the table (its folder, the side
-folder, the promotion rule) is :mod:`kafka_delta.delta`'s.
+folder, the promotion rule), the table handles and offset stores of each, and the log readers
+the commands share with them are :mod:`kafka_delta.delta`'s. Only
+:mod:`kafka_delta.engine_factory` imports a sink (:mod:`.delta_rs`, :mod:`.delta_spark`).
 """

@@ -174,32 +174,6 @@ def _original(df: DataFrame, column: str) -> Column:
     return F.col(raw).alias(column)
 
 
-def positions_held(
-    table_uri: str,
-    storage_options: dict[str, str] | None,
-    dead: pa.Table,
-    topic_ids: TopicIds = None,
-) -> set[Position]:
-    """The positions of ``dead`` that the dead-letter table already holds for the same topic
-    (``topic_ids``: the batch's; see the module docstring), read with delta-rs (the delta-rs
-    sink's tables; a delta-spark sink reads its own through Spark, ``positions_held`` of
-    :class:`kafka_delta.sinks.delta_spark.sink.DeltaSparkSink`): only the position columns,
-    filtered."""
-    from kafka_delta.sinks.delta_rs.offset_store import open_table
-
-    table = open_table(table_uri, storage_options)
-    if table is None or dead.num_rows == 0:
-        return set()
-    offsets = pa.array(sorted(set(dead.column("offset").to_pylist())), pa.int64())
-    dataset = table.to_pyarrow_dataset()
-    with_ids = TOPIC_ID in dataset.schema.names
-    found = dataset.to_table(
-        columns=[*POSITION, TOPIC_ID] if with_ids else POSITION,
-        filter=pc.field("offset").isin(offsets),
-    )
-    return held_among(found.to_pylist(), dead, topic_ids)
-
-
 def held_among(
     found: list[dict[str, object]], dead: pa.Table, topic_ids: TopicIds = None
 ) -> set[Position]:
@@ -260,14 +234,15 @@ class DeadLetterQueue:
         sink: Sink | None,
         offsets: OffsetStore | None,
         storage_options: dict[str, str] | None = None,
-        held: Callable[..., set[Position]] | None = None,
     ) -> None:
         self.sink = sink
         self.offsets = offsets
         self.storage_options = dict(storage_options or {})
-        # Who reads the positions the table holds: the sink itself where it has a reader of its
-        # own (delta-spark: through Spark), else delta-rs.
-        self._held = held or getattr(sink, "positions_held", None) or positions_held
+        # Who reads the positions the dead-letter table holds: its sink, the way it reads the
+        # table (:meth:`kafka_delta.engine.Sink.positions_held`: delta-rs, or Spark alone).
+        self._held: Callable[..., set[Position]] | None = (
+            sink.positions_held if sink is not None else None
+        )
 
     def _stored(self, commit: BatchCommit, table: str) -> tuple[StoredOffsets | None, int | None]:
         """(the pipeline's stored offsets in the dead-letter table ``table``, its newest commit
@@ -298,6 +273,7 @@ class DeadLetterQueue:
             # the commit lands only on top of that commit (the table's fence), so the positions
             # read are all the pipeline sent, whichever run or table sent them.
             stored, seen = self._stored(commit, table)
+            assert self._held is not None  # the sink's, set with it
             held = self._held(table, self.storage_options, dead, commit.topic_ids)
             unsent = unsent_dead_letters(dead, held)
             if unsent.num_rows == 0:

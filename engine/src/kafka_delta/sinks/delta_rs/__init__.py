@@ -1,2 +1,4 @@
 """The delta-rs sink (:mod:`.sink`), the files its tasks write (:mod:`.file_writer`) and the
-offsets read from a table with delta-rs (:mod:`.offset_store`, for tables of either sink)."""
+files Spark's own writer writes for it (:mod:`.jvm_writer`). The offsets read from a table with
+delta-rs (tables of either sink) are the Delta layer's
+(:mod:`kafka_delta.delta.rs_offset_store`)."""

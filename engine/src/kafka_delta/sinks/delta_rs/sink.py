@@ -62,6 +62,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.delta.rs_offset_store import newest_stored_in, open_table
 from kafka_delta.delta.schema import wider_arrow_type
 from kafka_delta.delta.table_storage import join, open_filesystem
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
@@ -76,7 +77,14 @@ from kafka_delta.offsets.model import (
 )
 from kafka_delta.offsets.stored import newest_stored
 from kafka_delta.runtime.faults import crash_point
-from kafka_delta.sinks.dead_letters import require_dead_letter_positions, split_dead_letters
+from kafka_delta.sinks.dead_letters import (
+    POSITION,
+    TOPIC_ID,
+    TopicIds,
+    held_among,
+    require_dead_letter_positions,
+    split_dead_letters,
+)
 from kafka_delta.sinks.delta_rs.file_writer import (
     DEAD_LETTER_FIELDS,
     DEFAULT_STATS_COLUMNS,
@@ -93,7 +101,6 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     write_files,
 )
 from kafka_delta.sinks.delta_rs.jvm_writer import can_write, write_with_spark
-from kafka_delta.sinks.delta_rs.offset_store import newest_stored_in, open_table
 from kafka_delta.sinks.upsert import merge_clauses, upserted_arrow, upserted_frame
 
 # Properties of the tables this sink creates. A Delta checkpoint every 10 commits, as delta-spark
@@ -211,6 +218,27 @@ class DeltaRsSink:
     def columns(self) -> tuple[str, ...] | None:
         table = self._table()
         return None if table is None else tuple(f.name for f in table.schema().fields)
+
+    def positions_held(
+        self,
+        table_uri: str,
+        storage_options: dict[str, str] | None,
+        dead: pa.Table,
+        topic_ids: TopicIds = None,
+    ) -> set[tuple[str, int, int]]:
+        """As :meth:`kafka_delta.engine.Sink.positions_held`, for this sink's table (the
+        dead-letter table), read with delta-rs: only the position columns, filtered."""
+        table = open_table(table_uri, storage_options)
+        if table is None or dead.num_rows == 0:
+            return set()
+        offsets = pa.array(sorted(set(dead.column("offset").to_pylist())), pa.int64())
+        dataset = table.to_pyarrow_dataset()
+        with_ids = TOPIC_ID in dataset.schema.names
+        found = dataset.to_table(
+            columns=[*POSITION, TOPIC_ID] if with_ids else POSITION,
+            filter=pc.field("offset").isin(offsets),
+        )
+        return held_among(found.to_pylist(), dead, topic_ids)
 
     def _table(self) -> DeltaTable | None:
         """The table's latest snapshot, or None when there is no table.

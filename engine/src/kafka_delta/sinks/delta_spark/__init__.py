@@ -1,4 +1,5 @@
-"""The delta-spark sink (:mod:`.sink`), its offset store (:mod:`.offset_store`), the table as
-Spark reaches it by name or path (:mod:`.table`), the commits that widen its columns
-(:mod:`.widening`) and the copies of its commit records kept beside the checkpoint for log
-cleanup (:mod:`.commit_copies`): Delta through Spark alone."""
+"""The delta-spark sink (:mod:`.sink`) and the commits that widen its columns
+(:mod:`.widening`): Delta through Spark alone. The table as Spark reaches it, its offset store
+and the commit copies beside the checkpoint are the Delta layer's
+(:mod:`kafka_delta.delta.spark_table`, :mod:`kafka_delta.delta.spark_offset_store`,
+:mod:`kafka_delta.delta.commit_copies`)."""

@@ -9,7 +9,7 @@ Delta's session extension and catalog).
 - upsert: MERGE, which takes no writer options, so the same three values go through the
   session confs ``spark.databricks.delta.write.txnAppId``/``txnVersion`` and
   ``spark.databricks.delta.commitInfo.userMetadata``, set for that one command and restored
-  afterwards even when it fails (:func:`delta_txn_confs`).
+  afterwards even when it fails (:func:`kafka_delta.delta.spark_commit.delta_txn_confs`).
 
 delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
 ``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see
@@ -29,13 +29,13 @@ batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurren
 same checkpoint that commits the batch first makes this one a replay too.
 
 Through Spark alone (I14): the table is reached by catalog name or by path through
-:class:`.table.SparkTable` (Spark SQL: ``DESCRIBE HISTORY``, ``MERGE INTO``; the writer's
-``saveAsTable``/``save``); the
-check and the read-back read the pipeline's commits from the table's history
-(:class:`.offset_store.TableLogReader`), never its txn actions, which Spark cannot read (why
-replay, fencing and a new checkpoint need none: :mod:`.offset_store`). A table by name that does
-not exist is created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a
-commit wrote come from its own ``operationMetrics`` (read back with it), never from a count.
+:class:`kafka_delta.delta.spark_table.SparkTable` (Spark SQL: ``DESCRIBE HISTORY``, ``MERGE
+INTO``; the writer's ``saveAsTable``/``save``); the check and the read-back read the pipeline's
+commits from the table's history (:class:`kafka_delta.delta.spark_offset_store.TableLogReader`),
+never its txn actions, which Spark cannot read (why replay, fencing and a new checkpoint need
+none: :mod:`kafka_delta.delta.spark_offset_store`). A table by name that does not exist is
+created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a commit wrote come
+from its own ``operationMetrics`` (read back with it), never from a count.
 
 One job reads and writes a clean batch (append): a batch is written as clean (:meth:`materialize`
 hands the transform's output back with :func:`..dead_letters.clean_rows`: no cache, no job of its
@@ -55,20 +55,22 @@ Log cleanup: the fence txn survives in Delta checkpoints, but delta-spark cannot
 per-partition offset txns the delta-rs sink writes. After each commit it confirms as its own,
 the sink keeps a copy of the commit's record beside the checkpoint (never in the table's
 folder), named by its fence seq, which the offset store reads when the log no longer holds the
-commit (:mod:`.commit_copies`).
+commit (:mod:`kafka_delta.delta.commit_copies`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from kafka_delta.delta.commit_copies import CommitCopies
 from kafka_delta.delta.schema import fit_to_table, narrower_columns
+from kafka_delta.delta.spark_commit import append_options, delta_txn_confs, lost_race
+from kafka_delta.delta.spark_offset_store import DeltaSparkLog, TableLogReader
+from kafka_delta.delta.spark_table import SparkTable, quoted_part
 from kafka_delta.engine import DeadLettersFound, Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import (
     RESTART,
@@ -81,7 +83,6 @@ from kafka_delta.offsets.model import (
     BatchCommit,
     Offsets,
     StoredOffsets,
-    fence_app_id,
     partitions_of,
 )
 from kafka_delta.offsets.stored import TableLog, read_stored
@@ -95,18 +96,11 @@ from kafka_delta.sinks.dead_letters import (
     held_among,
     split_dead_letters_df,
 )
-from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.offset_store import DeltaSparkLog, TableLogReader
-from kafka_delta.sinks.delta_spark.table import SparkTable, quoted_part
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
 
 log = logging.getLogger(__name__)
 
-TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
 # How many of the newest commits are searched for a batch's own, for its metrics, when the
 # history the read-back read does not hold it (other writers committed after it); beyond them
 # the rows are counted with a Spark job.
@@ -114,44 +108,6 @@ METRICS_LOOKBACK = 10
 # After a batch with dead letters, this many batches are split before their write (cached, the
 # dead letters collected first) instead of written as clean (see the module docstring).
 SPLIT_AFTER_DEAD_LETTERS = 10
-
-
-def append_options(commit: BatchCommit) -> dict[str, str]:
-    """Writer options that fence one append (the pipeline's fence txn at ``commit.seq``) and
-    carry its identity and end offsets."""
-    return {
-        "txnAppId": fence_app_id(commit.pipeline_id),
-        "txnVersion": str(commit.seq),
-        "userMetadata": commit.user_metadata(),
-    }
-
-
-@contextmanager
-def delta_txn_confs(
-    spark: SparkSession, commit: BatchCommit, add_columns: bool = False
-) -> Iterator[None]:
-    """Session confs for a DML command (MERGE) that has no writer options: set for the block,
-    then restored to what they were (unset when they were unset), also on failure, so no later
-    write of the session is mistaken for this batch. ``add_columns``: the MERGE adds the
-    source's new columns to the table (Delta's schema auto-merge), in the same commit."""
-    values = {
-        TXN_APP_ID_CONF: fence_app_id(commit.pipeline_id),
-        TXN_VERSION_CONF: str(commit.seq),
-        USER_METADATA_CONF: commit.user_metadata(),
-    }
-    if add_columns:
-        values[AUTO_MERGE_CONF] = "true"
-    before = {key: spark.conf.get(key, None) for key in values}
-    try:
-        for key, value in values.items():
-            spark.conf.set(key, value)
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def merge_statement(
@@ -179,28 +135,6 @@ def merge_statement(
         f"VALUES ({', '.join(f's.{c}' for c in kept)})"
     )
     return " ".join(parts)
-
-
-# delta-spark's refusals of a commit that lost a race to another writer: a concurrent commit
-# (ConcurrentTransactionException and its kin), and two runs creating a table by path at once
-# (the second finds the first's protocol and metadata: ProtocolChangedException "multiple
-# writers are writing to an empty directory", MetadataChangedException). Each is a lost race,
-# judged like any other by reading the table back: the loser is fenced, or finds its batch in.
-LOST_RACE = (
-    "ConcurrentTransaction",
-    "CONCURRENT_TRANSACTION",
-    "ConcurrentAppend",
-    "CONCURRENT_APPEND",
-    "DELTA_PROTOCOL_CHANGED",
-    "ProtocolChangedException",
-    "DELTA_METADATA_CHANGED",
-    "MetadataChangedException",
-)
-
-
-def lost_race(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return any(mark in text for mark in LOST_RACE)
 
 
 class DeltaSparkSink:
@@ -246,7 +180,8 @@ class DeltaSparkSink:
         (:func:`.widening.widen_columns`); without schema evolution it goes into the table's
         column where each value fits, its other rows dead letters
         (:func:`kafka_delta.delta.schema.fit_to_table`). The table is analysed once
-        (:meth:`.table.SparkTable.schema`), again only after a widening commit."""
+        (:meth:`kafka_delta.delta.spark_table.SparkTable.schema`), again only after a widening
+        commit."""
         schema = self.table.schema()
         if (
             schema is not None
@@ -437,9 +372,9 @@ class DeltaSparkSink:
         dead: pa.Table,
         topic_ids: TopicIds = None,
     ) -> set[tuple[str, int, int]]:
-        """As :func:`kafka_delta.sinks.dead_letters.positions_held`, for this sink's table
-        (the dead-letter table), read through Spark: the position columns of the rows at the
-        dead letters' offsets."""
+        """As :meth:`kafka_delta.engine.Sink.positions_held`, for this sink's table (the
+        dead-letter table), read through Spark: the position columns of the rows at the dead
+        letters' offsets."""
         from pyspark.sql import functions as F
 
         if dead.num_rows == 0 or not self.table.exists():

@@ -33,7 +33,7 @@ from pyspark.sql import types as T
 from kafka_delta.delta.schema import IN_PLACE, spark_rank, wider_spark_type
 
 if TYPE_CHECKING:
-    from kafka_delta.sinks.delta_spark.table import SparkTable
+    from kafka_delta.delta.spark_table import SparkTable
 
 log = logging.getLogger(__name__)
 

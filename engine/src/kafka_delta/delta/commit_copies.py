@@ -136,7 +136,7 @@ class CommitCopies:
     def read(self, seq: int | None = None) -> StoredOffsets | None:
         """The newest copy of a commit numbered ``seq`` or lower (any, when None); None when
         there is none. Lower too: after log cleanup the fence's seq is known only as a bound
-        (:class:`.offset_store.DeltaSparkLog`), and the copy of the newest commit the
+        (:class:`.spark_offset_store.DeltaSparkLog`), and the copy of the newest commit the
         pipeline confirmed is the hint wanted."""
         for found in reversed(self._seqs()):
             if seq is None or found <= seq:

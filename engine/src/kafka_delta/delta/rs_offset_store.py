@@ -1,4 +1,7 @@
-"""The pipeline's stored offsets in a table read with delta-rs (tables of either sink)."""
+"""The pipeline's stored offsets in a table read with delta-rs (tables of either sink), and the
+table opened with delta-rs (:func:`open_table`) for the delta-rs sink, its offset store and the
+commands on its tables. The embedded engine's alone: the cluster path never imports this module
+(I14)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None) -> DeltaT
 class DeltaRsLog:
     """A table's log as :func:`kafka_delta.offsets.stored.read_stored` reads it, through one
     delta-rs snapshot; ``copies(seq)`` reads the copy of a delta-spark commit record, when the
-    caller can (see :mod:`kafka_delta.sinks.delta_spark.commit_copies`)."""
+    caller can (see :mod:`kafka_delta.delta.commit_copies`)."""
 
     def __init__(
         self,

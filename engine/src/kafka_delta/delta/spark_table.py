@@ -266,7 +266,7 @@ class SparkTable:
         Each call is a Spark job of its own (delta-spark's history manager reads the newest
         ``limit`` commit files in one, ``spark.range(...).mapPartitions``) and brings the
         table's snapshot up to date twice (two listings of its log folder), so the sink reads
-        one page per step and keeps it (:class:`.offset_store.DeltaSparkLog`)."""
+        one page per step and keeps it (:class:`.spark_offset_store.DeltaSparkLog`)."""
         query = f"DESCRIBE HISTORY {self.sql_name()}" + (
             f" LIMIT {int(limit)}" if limit is not None else ""
         )

@@ -50,6 +50,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from pyspark.sql import SparkSession
 
+from kafka_delta.delta.commit_copies import CommitCopies
+from kafka_delta.delta.spark_table import SparkTable
 from kafka_delta.offsets.model import StoredOffsets, fence_app_id, parse_user_metadata
 from kafka_delta.offsets.stored import (
     HISTORY_PAGES,
@@ -57,8 +59,6 @@ from kafka_delta.offsets.stored import (
     newest_commit_version,
     read_stored,
 )
-from kafka_delta.sinks.delta_spark.commit_copies import CommitCopies
-from kafka_delta.sinks.delta_spark.table import SparkTable
 
 log = logging.getLogger(__name__)
 
