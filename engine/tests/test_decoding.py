@@ -415,7 +415,7 @@ def test_credentials_come_from_the_environment_and_never_reach_the_spec() -> Non
 
 def test_the_driver_reads_the_decoders_errors_out_of_sparks_exception_text() -> None:
     from kafka_delta.decoding.failures import registry_down, schema_changed
-    from kafka_delta.pipeline import registry_backoff
+    from kafka_delta.runtime.run_loop import registry_backoff
 
     inner = SchemaChangedError(("channel", "region"), 7)
     wrapped = RuntimeError(

@@ -23,7 +23,8 @@ from kafka_delta.cli import main
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.kafka.clients import admin_settings, consumer_settings
 from kafka_delta.kafka.commit_back import OffsetCommitter
-from kafka_delta.pipeline import Pipeline, records_read
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.progress.run_progress import records_read
 from kafka_delta.sources.kafka_datasource import OffsetRange, _consumer
 from kafka_delta_dev.broker import EmbeddedBroker
 from kafka_delta_dev.produce import event, produce_values

@@ -149,8 +149,8 @@ def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
         except Exception as exc:  # the loser's query fails with the fencing message
             errors.append(str(exc))
     for pipeline in (first, second):
-        if pipeline.committer is not None:
-            pipeline.committer.close()
+        if pipeline.progress.committer is not None:
+            pipeline.progress.committer.close()
 
     assert len(errors) == 1, errors
     assert "does not start where the table ends" in errors[0] or "backwards" in errors[0]

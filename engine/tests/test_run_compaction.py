@@ -126,14 +126,14 @@ def test_an_upsert_table_is_left_to_table_maintain_and_its_dead_letters_are_comp
     caplog.set_level(logging.INFO, logger="kafka_delta.pipeline")
     compaction = Pipeline(
         spark, cfg.with_overrides(**{"maintenance.compact_every_seconds": 3600})
-    )._compaction()
+    ).run_loop._compaction()
     assert compaction is not None
     try:
         assert compaction.locations == [cfg.dead_letter_table]
     finally:
         compaction.close()
     assert f"table {cfg.delta.table} is not compacted by the run (an upsert table)" in caplog.text
-    assert Pipeline(spark, cfg)._compaction() is None  # compact_every_seconds 0: never
+    assert Pipeline(spark, cfg).run_loop._compaction() is None  # compact_every_seconds 0: never
 
 
 def _config_file(cfg: PipelineConfig) -> str:

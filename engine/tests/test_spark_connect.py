@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from conftest import STANDIN
-from kafka_delta.pipeline import Pipeline, TriggerNotSupportedError, trigger_refused
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.runtime.run_loop import TriggerNotSupportedError, trigger_refused
 from kafka_delta.runtime.spark_session import default_parallelism, is_connect
 from kafka_delta_dev.produce import produce_events
 from kafka_delta_dev.pytest_plugin import JARS_DIR

@@ -87,7 +87,7 @@ def noop_pipeline(base: type) -> type:
 
     class NoopPipeline(base):  # type: ignore[misc,valid-type]
         def _process_batch(self, df: Any, batch_id: int) -> None:
-            from kafka_delta.pipeline import records_read
+            from kafka_delta.progress.run_progress import records_read
 
             started = time.perf_counter()
             observation = Observation()

@@ -178,6 +178,19 @@ def _run_pipeline(
     else:
         base = plain_pipeline(Pipeline, txn=run.get("txn", False))
 
+    class LastProgress:
+        """A progress listener (kafka_delta.progress.batch): the last batch's progress."""
+
+        progress: Any = None
+
+        def on_batch(self, progress: Any) -> None:
+            self.progress = progress
+
+        def on_run_end(self, commit_back: Any) -> None:
+            pass
+
+    last = LastProgress()
+
     class TimedPipeline(base):  # type: ignore[valid-type,misc]
         """Records each batch when its commit returned (see BATCH), and logs when the stream
         started; the engine itself is untouched."""
@@ -187,20 +200,15 @@ def _run_pipeline(
             log.info("stream started")
             return query
 
-        def _log_progress(self, p: Any) -> None:
-            self.last_progress = p
-            super()._log_progress(p)
-
         def _process_batch(self, df: Any, batch_id: int) -> None:
             rows_before, sink_before = self.summary.rows_written, in_sink[0]
             started = time.perf_counter()
             super()._process_batch(df, batch_id)
             elapsed = time.perf_counter() - started
-            if getattr(self, "_reporter", None) is not None:
-                self._reporter.flush()  # the batch's progress line, read below
+            self.progress.flush()  # the batch's progress line, read below
             driver_mb, jvm_mb = probe.now()
             rows = self.summary.rows_written - rows_before
-            progress = getattr(self, "last_progress", None)
+            progress = last.progress
             steps = (
                 dict(progress.steps)
                 if progress is not None
@@ -209,9 +217,9 @@ def _run_pipeline(
                 else None
             )
             if counted:  # of several tables, the records the batch read: the rows of `all`
-                rows = self.last_progress.tables[counted]["rows_written"] or 0
+                rows = last.progress.tables[counted]["rows_written"] or 0
             elif run.get("count_read"):  # a filtering transform: the records read
-                read = self.last_progress.records_read
+                read = last.progress.records_read
                 rows = rows if read is None else read
             batches.append(
                 [
@@ -225,7 +233,7 @@ def _run_pipeline(
                 ]
             )
 
-    pipeline = TimedPipeline(spark, config)
+    pipeline = TimedPipeline(spark, config, listeners=[last])
     sinks = [t.engine.sink for t in getattr(pipeline, "tables", [])] or [
         getattr(pipeline, "sink", None)
     ]

@@ -29,8 +29,9 @@ class TopicMissingError(ValueError):
 
 class KafkaUnavailableError(RuntimeError):
     """The brokers did not answer in time: a metadata request, or a read task's fetches. A run
-    waits such an outage out (``kafka.unavailable_timeout_seconds``, :mod:`kafka_delta.pipeline`)
-    and finds it by this class's name in the text Spark hands back, so keep the name."""
+    waits such an outage out (``kafka.unavailable_timeout_seconds``,
+    :mod:`kafka_delta.runtime.run_loop`) and finds it by this class's name in the text Spark
+    hands back, so keep the name."""
 
 
 @dataclass(frozen=True)

@@ -5,5 +5,6 @@
 - :mod:`.stored`: the one reader of the offsets in effect in a table (RESTOREs, log cleanup);
 - :mod:`.history`: what a RESTORE undid;
 - :mod:`.fencing`: where a batch may commit (I6);
-- :mod:`.topic_identity`: a topic deleted and created again is another topic.
+- :mod:`.topic_identity`: a topic deleted and created again is another topic;
+- :mod:`.run_positions`: where a run stands, where each of its batches begins, what it rewinds.
 """

@@ -1,10 +1,11 @@
 """One micro-batch's figures, and the interface of whoever wants them.
 
-:class:`~.pipeline.Pipeline` builds one :class:`BatchProgress` per batch, after the Delta commit,
-logs it as the progress line and hands it to its :class:`ProgressListener` s: the Prometheus
-metrics (``metrics.py``) and the JSON-lines file that ``report`` draws (``progress_log.py``).
-This module names the contract and imports neither of them; ``main.py`` builds the listeners
-from the config, so a pipeline without metrics never imports ``prometheus_client``.
+:class:`~.run_progress.RunProgress` builds one :class:`BatchProgress` per batch, after the Delta
+commit (:class:`~kafka_delta.pipeline.Pipeline` hands it each batch), logs it as the progress
+line and hands it to its :class:`ProgressListener` s: the Prometheus metrics (``metrics.py``)
+and the JSON-lines file that ``report`` draws (``progress_log.py``). This module names the
+contract and imports neither of them; ``main.py`` builds the listeners from the config, so a
+pipeline without metrics never imports ``prometheus_client``.
 """
 
 from __future__ import annotations

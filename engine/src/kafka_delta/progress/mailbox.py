@@ -7,8 +7,9 @@ listeners. Under Spark Connect (Databricks serverless, standard access, a ``sc:/
 function is pickled and called in a Python process the *server* starts: what it counts stays
 there. So that process posts one small JSON file per committed batch, and the run's own process
 takes them while it waits for the query (every 0.5 s) and does what it does on a classic session
-(:meth:`kafka_delta.pipeline.Pipeline._deliver`): the commit-back hook (I4), the run's figures,
-the progress line, the listeners. Nothing here is read for recovery: the table is the truth.
+(:meth:`kafka_delta.progress.run_progress.RunProgress._deliver`): the commit-back hook (I4), the
+run's figures, the progress line, the listeners. Nothing here is read for recovery: the table is
+the truth.
 
 Where: under the checkpoint location, ``<checkpoint>/_kafka_delta/batches/<run id>/``, the one
 place both processes reach by definition (Spark writes it; a Unity Catalog volume on Databricks,
