@@ -117,7 +117,7 @@ def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 def run_until_crash(cfg: PipelineConfig, folder: Path, point: str, after: int = 0) -> None:
     """Run ``cfg`` as the project's process (``python -m kafka_delta``) until the crash point
-    ``point`` (kafka_delta.runtime.faults) kills it, after ``after`` passes; asserts it died
+    ``point`` (kafka_delta_dev.faults) kills it, after ``after`` passes; asserts it died
     there, by SIGKILL, and not before."""
     import os
     import signal

@@ -17,10 +17,10 @@ from conftest import skip_without_connectors
 from kafka_delta.delta import rs_offset_store as offset_store
 from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit
-from kafka_delta.runtime.faults import InjectedCrash, armed
 from kafka_delta.sinks.delta_rs import sink as sink_module
 from kafka_delta.sinks.delta_rs.jvm_writer import STAGING_PREFIX
 from kafka_delta.sinks.delta_rs.sink import DeltaRsSink, FencingError
+from kafka_delta_dev.faults import InjectedCrash, armed
 from support import spark_jobs
 
 pytestmark = pytest.mark.spark

@@ -35,8 +35,8 @@ from kafka_delta.offsets.model import parse_user_metadata
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.metrics import PrometheusMetrics
 from kafka_delta.recovery.checkpoint import CheckpointMismatchError
-from kafka_delta.runtime.faults import armed
 from kafka_delta_dev.debezium import produce_records
+from kafka_delta_dev.faults import armed
 from kafka_delta_dev.orders import transform as orders_transform
 from kafka_delta_dev.produce import EVENT_TYPES, produce_events, produce_values
 from support import REPO, assert_exactly_once, assert_offsets_agree, forget_last_spark_commit

@@ -15,12 +15,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafka_delta.runtime.faults import armed
+from kafka_delta_dev.faults import armed
 
 from opslib.model import Model
 from opslib.world import DEAD, Ended, World
 
-# Driver-side crash points a run can stop at in this process (kafka_delta.runtime.faults).
+# Driver-side crash points a run can stop at in this process (kafka_delta_dev.faults).
 CRASH_POINTS = (
     "before_delta_commit",
     "after_dead_letters",

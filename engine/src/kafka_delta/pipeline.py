@@ -35,6 +35,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
 from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
@@ -59,7 +60,6 @@ from kafka_delta.routing import (
     without_held,
 )
 from kafka_delta.routing import table_batch as plan_table_batch
-from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
 from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, trigger_refused
@@ -381,12 +381,12 @@ class Pipeline:
             for n, table_batch in enumerate(table_batches):
                 if n:
                     # A crash here leaves the batch in the tables before this one only.
-                    crash_point("between_tables")
+                    crash_points.reached("between_tables")
                 if not table_batch.replayed:
                     self._write_table(table_batch, read, clock)
         finally:
             read.release()
-        crash_point("after_delta_commit")
+        crash_points.reached("after_delta_commit")
         group = self._store_ends(table_batches, end)
         self._report(batch_id, table_batches, end, group, read.observation, started, clock)
 
@@ -463,7 +463,7 @@ class Pipeline:
                     table_batch.dead_letters = self._send_dead_letters(
                         table_batch, records, written
                     )
-                crash_point("before_delta_commit")
+                crash_points.reached("before_delta_commit")
                 with clock.step("commit"):
                     table_batch.result = self._commit(table_batch, written)
                 clock.add("read_back", table_batch.result.read_back_s)

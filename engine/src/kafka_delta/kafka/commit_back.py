@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.kafka.clients import consumer_settings
 from kafka_delta.offsets.model import Offsets, offsets_to_json
-from kafka_delta.runtime.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class OffsetCommitter:
 
     def _commit(self, offsets: Offsets) -> str | None:
         """Commit and wait for the broker's answer, at most ``timeout_s``; the error or None."""
-        crash_point("in_commit_back")
+        crash_points.reached("in_commit_back")
         try:
             if self._consumer is None:
                 settings = consumer_settings(self._conf)

@@ -46,11 +46,11 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.offsets.fencing import RESTART, FencingError, TableMovedError
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, partitions_of
 from kafka_delta.offsets.stored import OffsetsExpiredError
-from kafka_delta.runtime.faults import crash_point
 
 if TYPE_CHECKING:
     from kafka_delta.engine import Materialized, OffsetStore, Sink
@@ -319,5 +319,5 @@ class DeadLetterQueue:
                 commit.batch_id,
                 table,
             )
-        crash_point("after_dead_letters")
+        crash_points.reached("after_dead_letters")
         return unsent.num_rows if result.written else 0

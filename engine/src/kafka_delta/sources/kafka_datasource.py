@@ -64,6 +64,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.contract import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA
 from kafka_delta.kafka.admin import (
     KafkaAdmin,
@@ -83,7 +84,6 @@ from kafka_delta.offsets.model import (
     starting_offsets_from_option,
 )
 from kafka_delta.offsets.topic_identity import recreated_while_running
-from kafka_delta.runtime.faults import crash_point
 from kafka_delta.runtime.graceful_stop import ignore_stop_signals_in_spark_helper, in_spark_planner
 
 log = logging.getLogger(__name__)
@@ -705,7 +705,7 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
             if ends or any(m.error() is None for m in messages):
                 end_seen = ends[-1] if ends else None
             deadline = time.monotonic() + task.poll_timeout_ms / 1000
-            crash_point("mid_read")
+            crash_points.reached("mid_read")
             kept, position = _records_before_end(task, messages, position)
             pending.extend(kept)
             if len(pending) >= _ROWS_PER_ARROW_BATCH:

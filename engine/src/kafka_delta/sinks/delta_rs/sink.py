@@ -61,6 +61,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.delta.rs_offset_store import newest_stored_in, open_table
 from kafka_delta.delta.schema import wider_arrow_type
@@ -76,7 +77,6 @@ from kafka_delta.offsets.model import (
     partitions_of,
 )
 from kafka_delta.offsets.stored import newest_stored
-from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import (
     POSITION,
     TOPIC_ID,
@@ -407,7 +407,7 @@ class DeltaRsSink:
             self.table_uri,
             ", ".join(widened),
         )
-        crash_point("after_widen_columns")
+        crash_points.reached("after_widen_columns")
         return table, schema
 
     def _add_columns(self, table: DeltaTable, batch: pa.Schema, schema: pa.Schema) -> pa.Schema:
@@ -455,7 +455,7 @@ class DeltaRsSink:
                 self.table_uri,
                 ", ".join(f"{f.name} {f.type}" for f in new),
             )
-        crash_point("after_add_columns")
+        crash_points.reached("after_add_columns")
         table.update_incremental()
         return pa.schema(table.schema().to_arrow())
 
@@ -496,7 +496,7 @@ class DeltaRsSink:
                 files.num_rows,
                 self.table_uri,
             )
-            crash_point("after_data_files")
+            crash_points.reached("after_data_files")
             if dead is not None:
                 require_dead_letter_positions(out.columns)
             return files, dead
@@ -511,7 +511,7 @@ class DeltaRsSink:
             files.num_rows,
             self.table_uri,
         )
-        crash_point("after_data_files")
+        crash_points.reached("after_data_files")
         marked = returned.filter(pc.invert(is_file))
         if marked.num_rows == 0:
             return files, None
@@ -532,7 +532,7 @@ class DeltaRsSink:
         schema = self._schema_for(table, rows)
         target = self._target(table, schema)
         files = StagedFiles(schema, write_files(rows.to_batches(), target), target)
-        crash_point("after_data_files")
+        crash_points.reached("after_data_files")
         return files
 
     def _commit_files(

@@ -66,6 +66,7 @@ import time
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+import kafka_delta.crash_points as crash_points
 from kafka_delta.delta.commit_copies import CommitCopies
 from kafka_delta.delta.schema import fit_to_table, narrower_columns
 from kafka_delta.delta.spark_commit import append_options, delta_txn_confs, lost_race
@@ -86,7 +87,6 @@ from kafka_delta.offsets.model import (
     partitions_of,
 )
 from kafka_delta.offsets.stored import TableLog, read_stored
-from kafka_delta.runtime.faults import crash_point
 from kafka_delta.sinks.dead_letters import (
     CLEAN_WRITE_MARK,
     POSITION,
@@ -336,7 +336,7 @@ class DeltaSparkSink:
         ):
             assert after.delta_version is not None
             # Only now, with the commit read back as this batch's, is the copy written.
-            crash_point("before_commit_copy")
+            crash_points.reached("before_commit_copy")
             try:
                 self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
             except Exception as exc:  # a hint: the next start writes it from the log again
