@@ -22,9 +22,9 @@ from kafka_delta.decoding.avro_types import DURATION, avro_to_arrow
 from kafka_delta.decoding.decoder import Decoder
 from kafka_delta.decoding.spec import DecodeSpec, FieldSpec, RegistrySettings
 from kafka_delta.decoding.versions import union_schemas
+from kafka_delta.delta.schema import SchemaMismatchError
 from kafka_delta.sinks.delta_rs.file_writer import (
     FileTarget,
-    SchemaMismatchError,
     TaskWriter,
     write_files,
 )

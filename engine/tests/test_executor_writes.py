@@ -14,12 +14,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from conftest import skip_without_connectors
+from kafka_delta.delta.schema import SchemaMismatchError
 from kafka_delta.engine import WriteMode
 from kafka_delta.offsets.model import BatchCommit
 from kafka_delta.sinks.delta_rs import sink as sink_module
 from kafka_delta.sinks.delta_rs.file_writer import (
     FileTarget,
-    SchemaMismatchError,
     UnsupportedTableError,
     write_files,
 )

@@ -15,6 +15,13 @@ does not fit makes its row a dead letter naming the column, the value and both t
 (:func:`fit_to_table`): the delta-spark sink and the delta-rs sink's Spark writer
 (:mod:`kafka_delta.sinks.delta_rs.jvm_writer`) apply this one rule, as Spark expressions.
 
+A batch's Arrow schema against the table's, as the delta-rs sink checks it before any file is
+written and again before its commit: one :class:`SchemaMismatchError` naming every difference
+(:func:`check_batch_schema`: missing, extra and other-typed columns, nulls inside a nested
+value where the table forbids them), files written before a concurrent widening
+(:func:`check_not_widened_since`), and the table's struct columns with the batch's new nested
+fields (:func:`with_nested_fields`).
+
 What Delta 4's type widening changes by itself (``delta.enableTypeWidening``) is here too
 (:data:`IN_PLACE`, and what :func:`narrower_columns` leaves to Delta): a Delta fact, not a
 sink's.
@@ -210,3 +217,92 @@ def fit_to_table(
         # The rows that do not fit are dead letters: what the cast makes of them is never written.
         fitted = fitted.withColumn(name, F.col(f"`{name}`").try_cast(target))
     return fitted
+
+
+# -- a batch's Arrow schema against the table's (the delta-rs sink) ----------------------------
+
+
+class SchemaMismatchError(ValueError):
+    """The batch's columns do not match the table's: nothing was written."""
+
+
+def nested_stricter(batch: pa.DataType, table: pa.DataType) -> bool:
+    """True when the table forbids nulls inside a nested value where the batch allows them."""
+    if pa.types.is_struct(table):
+        return any(
+            (not t.nullable and b.nullable) or nested_stricter(b.type, t.type)
+            for b, t in zip(batch, table, strict=True)
+        )
+    if pa.types.is_list(table):
+        b, t = batch.value_field, table.value_field
+        return (not t.nullable and b.nullable) or nested_stricter(b.type, t.type)
+    if pa.types.is_map(table):
+        b, t = batch.item_field, table.item_field
+        return (not t.nullable and b.nullable) or nested_stricter(b.type, t.type)
+    return False
+
+
+def check_batch_schema(batch: pa.Schema, table: pa.Schema, table_uri: str) -> None:
+    """Raise ONE :class:`SchemaMismatchError` naming every difference between the batch's
+    columns (already in Delta's types) and the table's; column order does not matter."""
+    theirs = {f.name: f for f in table}
+    ours = {f.name: f for f in batch}
+    missing = [n for n in theirs if n not in ours]
+    problems = [f"missing column {n!r} ({loose_type(theirs[n].type)})" for n in missing]
+    extra = [n for n in ours if n not in theirs]
+    problems += [f"extra column {n!r} ({loose_type(ours[n].type)})" for n in extra]
+    for name in (n for n in theirs if n in ours):
+        mine, table_field = ours[name], theirs[name]
+        if loose_type(mine.type) != loose_type(table_field.type) and not narrowable(
+            mine.type, table_field.type
+        ):
+            problems.append(
+                f"column {name!r} is {loose_type(mine.type)} in the batch, "
+                f"{loose_type(table_field.type)} in the table"
+            )
+        elif nested_stricter(mine.type, table_field.type):
+            problems.append(
+                f"column {name!r} may hold nulls inside its values, which the table forbids"
+            )
+    if problems:
+        raise SchemaMismatchError(
+            f"the batch does not match the schema of table {table_uri}: {'; '.join(problems)}. "
+            "Nothing was written. Change the transform to produce the table's columns, or "
+            "evolve the table's schema first."
+        )
+
+
+def check_not_widened_since(files: pa.Schema, table: pa.Schema, table_uri: str) -> None:
+    """Files written in a column type the table has widened since (another writer rewrote it,
+    the delta-rs sink's ``_widen_columns``) are not committed: their Parquet type is no longer the
+    column's. The batch stops before its commit; run again, it writes its files anew."""
+    for f in files:
+        if f.name in table.names and wider_arrow_type(f.type, table.field(f.name).type) is not None:
+            raise SchemaMismatchError(
+                f"column {f.name!r} of table {table_uri} was widened to "
+                f"{table.field(f.name).type} while the batch's files were written as {f.type}; "
+                "nothing was written: run again to write them in the table's new type"
+            )
+
+
+def with_nested_fields(table: pa.DataType, batch: pa.DataType) -> pa.DataType:
+    """The table's column type ``table`` with the fields the batch's ``batch`` has and it lacks
+    inside its structs (also in list and map values) appended, nullable; else unchanged."""
+    if pa.types.is_struct(table) and pa.types.is_struct(batch):
+        theirs = {f.name: f for f in batch}
+        fields = [
+            f.with_type(with_nested_fields(f.type, theirs[f.name].type)) if f.name in theirs else f
+            for f in table
+        ]
+        have = {f.name for f in table}
+        fields += [f.with_nullable(True) for f in batch if f.name not in have]
+        return pa.struct(fields)
+    if pa.types.is_list(table) and pa.types.is_list(batch):
+        value = table.value_field
+        return pa.list_(value.with_type(with_nested_fields(value.type, batch.value_type)))
+    if pa.types.is_map(table) and pa.types.is_map(batch):
+        item = table.item_field
+        return pa.map_(
+            table.key_field, item.with_type(with_nested_fields(item.type, batch.item_type))
+        )
+    return table

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kafka_delta.delta.schema import all_nullable, loose_type, narrowable
+from kafka_delta.delta.schema import SchemaMismatchError, all_nullable, narrowable
 from kafka_delta.delta.table_storage import open_filesystem
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,6 @@ DEFAULT_STATS_COLUMNS = 32
 # Longest string kept as a min/max bound. Delta truncates longer bounds (and pads the max);
 # a short bound written exactly needs no such rule from any reader.
 MAX_STRING_STAT_CHARS = 32
-
-
-class SchemaMismatchError(ValueError):
-    """The batch's columns do not match the table's: nothing was written."""
 
 
 class UnsupportedTableError(ValueError):
@@ -107,52 +103,6 @@ def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
         raise SchemaMismatchError(
             f"the batch's schema cannot be stored in a Delta table: {exc}".splitlines()[0]
         ) from exc
-
-
-def _nested_stricter(batch: pa.DataType, table: pa.DataType) -> bool:
-    """True when the table forbids nulls inside a nested value where the batch allows them."""
-    if pa.types.is_struct(table):
-        return any(
-            (not t.nullable and b.nullable) or _nested_stricter(b.type, t.type)
-            for b, t in zip(batch, table, strict=True)
-        )
-    if pa.types.is_list(table):
-        b, t = batch.value_field, table.value_field
-        return (not t.nullable and b.nullable) or _nested_stricter(b.type, t.type)
-    if pa.types.is_map(table):
-        b, t = batch.item_field, table.item_field
-        return (not t.nullable and b.nullable) or _nested_stricter(b.type, t.type)
-    return False
-
-
-def check_batch_schema(batch: pa.Schema, table: pa.Schema, table_uri: str) -> None:
-    """Raise ONE :class:`SchemaMismatchError` naming every difference between the batch's
-    columns (already in Delta's types) and the table's; column order does not matter."""
-    theirs = {f.name: f for f in table}
-    ours = {f.name: f for f in batch}
-    missing = [n for n in theirs if n not in ours]
-    problems = [f"missing column {n!r} ({loose_type(theirs[n].type)})" for n in missing]
-    extra = [n for n in ours if n not in theirs]
-    problems += [f"extra column {n!r} ({loose_type(ours[n].type)})" for n in extra]
-    for name in (n for n in theirs if n in ours):
-        mine, table_field = ours[name], theirs[name]
-        if loose_type(mine.type) != loose_type(table_field.type) and not narrowable(
-            mine.type, table_field.type
-        ):
-            problems.append(
-                f"column {name!r} is {loose_type(mine.type)} in the batch, "
-                f"{loose_type(table_field.type)} in the table"
-            )
-        elif _nested_stricter(mine.type, table_field.type):
-            problems.append(
-                f"column {name!r} may hold nulls inside its values, which the table forbids"
-            )
-    if problems:
-        raise SchemaMismatchError(
-            f"the batch does not match the schema of table {table_uri}: {'; '.join(problems)}. "
-            "Nothing was written. Change the transform to produce the table's columns, or "
-            "evolve the table's schema first."
-        )
 
 
 def check_table_supported(table: Any) -> None:

@@ -64,7 +64,13 @@ from pyspark.sql.types import StructType
 import kafka_delta.crash_points as crash_points
 from kafka_delta.contract import DEAD_LETTER_COLUMN
 from kafka_delta.delta.rs_offset_store import newest_stored_in, open_table
-from kafka_delta.delta.schema import wider_arrow_type
+from kafka_delta.delta.schema import (
+    SchemaMismatchError,
+    check_batch_schema,
+    check_not_widened_since,
+    wider_arrow_type,
+    with_nested_fields,
+)
 from kafka_delta.delta.table_storage import join, open_filesystem
 from kafka_delta.engine import Materialized, Rows, SinkResult, WriteMode
 from kafka_delta.offsets.fencing import FencingError, check_contiguous, check_unmoved
@@ -91,10 +97,8 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     FILE_METADATA_SCHEMA,
     TASK_OUTPUT_SCHEMA,
     FileTarget,
-    SchemaMismatchError,
     TaskWriter,
     UnsupportedTableError,
-    check_batch_schema,
     check_table_supported,
     delta_arrow_schema,
     discard_files,
@@ -370,7 +374,7 @@ class DeltaRsSink:
             if check:  # with the columns and nested fields _add_columns adds next
                 new = [f for f in batch if f.name not in target.names]
                 added = [
-                    f.with_type(_with_nested_fields(f.type, batch.field(f.name).type))
+                    f.with_type(with_nested_fields(f.type, batch.field(f.name).type))
                     if f.name in batch.names
                     else f
                     for f in target
@@ -427,7 +431,7 @@ class DeltaRsSink:
         new = [f for f in batch if f.name not in schema.names]
         widened = pa.schema(
             [
-                f.with_type(_with_nested_fields(f.type, batch.field(f.name).type))
+                f.with_type(with_nested_fields(f.type, batch.field(f.name).type))
                 if f.name in batch.names
                 else f
                 for f in schema
@@ -705,7 +709,7 @@ class DeltaRsSink:
                     check_table_supported(table)
                     now = pa.schema(table.schema().to_arrow())
                     check_batch_schema(files.schema, now, self.table_uri)
-                    _check_not_widened_since(files.schema, now, self.table_uri)
+                    check_not_widened_since(files.schema, now, self.table_uri)
                 version = self._commit_files(table, files, properties)
             except CommitFailedError as exc:
                 log.info(
@@ -742,41 +746,5 @@ class DeltaRsSink:
         return SinkResult(written=True, rows=rows, delta_version=version)
 
 
-def _check_not_widened_since(files: pa.Schema, table: pa.Schema, table_uri: str) -> None:
-    """Files written in a column type the table has widened since (another writer rewrote it,
-    :meth:`DeltaRsSink._widen_columns`) are not committed: their Parquet type is no longer the
-    column's. The batch stops before its commit; run again, it writes its files anew."""
-    for f in files:
-        if f.name in table.names and wider_arrow_type(f.type, table.field(f.name).type) is not None:
-            raise SchemaMismatchError(
-                f"column {f.name!r} of table {table_uri} was widened to "
-                f"{table.field(f.name).type} while the batch's files were written as {f.type}; "
-                "nothing was written: run again to write them in the table's new type"
-            )
-
-
 def _arrow(rows: Rows) -> pa.Table:
     return rows if isinstance(rows, pa.Table) else rows.toArrow()
-
-
-def _with_nested_fields(table: pa.DataType, batch: pa.DataType) -> pa.DataType:
-    """The table's column type ``table`` with the fields the batch's ``batch`` has and it lacks
-    inside its structs (also in list and map values) appended, nullable; else unchanged."""
-    if pa.types.is_struct(table) and pa.types.is_struct(batch):
-        theirs = {f.name: f for f in batch}
-        fields = [
-            f.with_type(_with_nested_fields(f.type, theirs[f.name].type)) if f.name in theirs else f
-            for f in table
-        ]
-        have = {f.name for f in table}
-        fields += [f.with_nullable(True) for f in batch if f.name not in have]
-        return pa.struct(fields)
-    if pa.types.is_list(table) and pa.types.is_list(batch):
-        value = table.value_field
-        return pa.list_(value.with_type(_with_nested_fields(value.type, batch.value_type)))
-    if pa.types.is_map(table) and pa.types.is_map(batch):
-        item = table.item_field
-        return pa.map_(
-            table.key_field, item.with_type(_with_nested_fields(item.type, batch.item_type))
-        )
-    return table
