@@ -18,7 +18,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin
-from kafka_delta.pipeline import POLLING_DELAY, Pipeline
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.runtime.run_loop import POLLING_DELAY
 from kafka_delta.sources import kafka_datasource
 from kafka_delta.sources.embedded import embedded_source_options
 from kafka_delta.sources.kafka_datasource import KafkaStreamReader

@@ -20,8 +20,9 @@ from kafka_delta.cli import main
 from kafka_delta.config import PipelineConfig
 from kafka_delta.delta import maintenance
 from kafka_delta.delta.maintenance import DeltaRsMaintainer
-from kafka_delta.pipeline import POLLING_DELAY, Pipeline
+from kafka_delta.pipeline import Pipeline
 from kafka_delta.runtime.compaction import RunCompaction
+from kafka_delta.runtime.run_loop import POLLING_DELAY
 from kafka_delta_dev.produce import produce_events, produce_values
 from support import RunInThread, assert_exactly_once, assert_offsets_agree, table_rows
 

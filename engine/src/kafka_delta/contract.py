@@ -25,13 +25,17 @@ fixed name. Without one, the records land as they arrive (:func:`passthrough`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+# The engine's warnings of a transform's rows are the pipeline's (log configs select them).
+log = logging.getLogger("kafka_delta.pipeline")
 
 Transform = Callable[["DataFrame"], "DataFrame"]
 
@@ -133,3 +137,25 @@ def passthrough(df: DataFrame) -> DataFrame:
     """The transform of a config that names none: every record lands as it arrives (a decoded
     batch's value columns and where each record came from; a raw batch's Kafka columns)."""
     return df.drop(RAW_KEY, RAW_VALUE) if RAW_VALUE in df.columns else df
+
+
+def warn_without_positions(columns: Sequence[str], table: str | None = None) -> None:
+    """Warn when the transform's rows (their ``columns``; of ``table``) lack ``topic``,
+    ``partition`` or ``offset``; the pipeline asks at a run's first batch. Exactly once does
+    not rest on them (the offsets ride in the commit), and a table of aggregates or of one row
+    per key may rightly drop them, so this warns rather than refuses; but without them
+    ``offsets verify`` cannot audit the rows, and once Delta log cleanup removed the commits
+    that name the stored offsets, a lost checkpoint resumes only after ``offsets reset
+    --to-offsets`` (offsets.stored)."""
+    missing = [c for c in POSITION_COLUMNS if c not in columns]
+    if missing:
+        of = f" for table {table}" if table else ""
+        log.warning(
+            "the transform's rows%s lack %s: they carry no Kafka position, so `offsets "
+            "verify` cannot audit them, and after Delta log cleanup a lost checkpoint "
+            "resumes only with `offsets reset --to-offsets`; keep %s in the transform's "
+            "output unless the table is meant to hold none (aggregates)",
+            of,
+            ", ".join(missing),
+            "them" if len(missing) > 1 else "it",
+        )

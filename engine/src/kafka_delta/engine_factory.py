@@ -14,6 +14,7 @@ from kafka_delta.runtime.connectors import (
     missing_connectors,
     required_connectors,
 )
+from kafka_delta.sinks.dead_letters import DeadLetterQueue
 
 
 def build_source(config: PipelineConfig) -> Source:
@@ -126,3 +127,15 @@ def build_engine(
             else None
         ),
     )
+
+
+def build_engine_parts(
+    spark: SparkSession, view: PipelineConfig, source: Source | None
+) -> tuple[Engine, DeadLetterQueue]:
+    """A table's engine, built on ``spark`` (``source``: the stream the tables share), and its
+    dead-letter queue."""
+    engine = build_engine(spark, view, source=source)
+    queue = DeadLetterQueue(
+        engine.dead_letter_sink, engine.dead_letter_offsets, view.delta.storage_options
+    )
+    return engine, queue

@@ -25,24 +25,22 @@ schema, the stop between batches, the run's compaction) is :mod:`.runtime.run_lo
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 import kafka_delta.crash_points as crash_points
 from kafka_delta.config import PipelineConfig
-from kafka_delta.contract import POSITION_COLUMNS, Transform, load_transform, passthrough
-from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult, Source
-from kafka_delta.engine_factory import build_engine, build_source
+from kafka_delta.contract import Transform, load_transform, passthrough, warn_without_positions
+from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult
+from kafka_delta.engine_factory import build_engine_parts, build_source
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.kafka.commit_back import OffsetCommitter
-from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id
+from kafka_delta.offsets.model import BatchCommit, Offsets, app_id
 from kafka_delta.offsets.run_positions import RunPositions
 from kafka_delta.progress.batch import ProgressListener, StepClock
 from kafka_delta.progress.run_progress import RunProgress
@@ -50,6 +48,7 @@ from kafka_delta.progress.summary import RunSummary
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
 from kafka_delta.resume import ResumePlanner, first_positions, joined_at
 from kafka_delta.routing import (
+    BatchRead,
     TableBatch,
     TableRun,
     group_offsets,
@@ -62,9 +61,9 @@ from kafka_delta.routing import (
 from kafka_delta.routing import table_batch as plan_table_batch
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
-from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, trigger_refused
+from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, query_name, start_query
 from kafka_delta.runtime.spark_session import is_connect, streaming_query_id
-from kafka_delta.sinks.dead_letters import DeadLetterError, DeadLetterQueue
+from kafka_delta.sinks.dead_letters import DeadLetterError
 from kafka_delta.sinks.upsert import latest_per_key
 
 log = logging.getLogger(__name__)
@@ -77,53 +76,6 @@ __all__ = [
     "RunSummary",
     "TriggerNotSupportedError",
 ]
-
-
-# Spark's pause before it asks a streaming source again after it had nothing new.
-POLLING_DELAY = "spark.sql.streaming.pollingDelay"
-
-
-class BatchRead:
-    """The batch's records as its tables read them, read from Kafka once for all of them
-    (persisted while more than one writes), and the count of what was read: observed while
-    the sinks' own jobs run (no extra job); a batch every table has (a replay) reads nothing,
-    so nothing is observed."""
-
-    def __init__(self, df: DataFrame, writing: int) -> None:
-        self.df = df
-        self.writing = writing
-        self._observe()
-
-    def _observe(self) -> None:
-        self.observation: Observation | None = Observation() if self.writing else None
-        observed = (
-            self.df
-            if self.observation is None
-            else self.df.observe(self.observation, F.count(F.lit(1)).alias("records"))
-        )
-        self.records = observed.persist() if self.writing > 1 else observed
-
-    def renew(self) -> None:
-        """Observe the records afresh: a job that failed part way (a clean write that met a
-        dead letter) filled the observation with what its finished tasks had counted."""
-        self.release()
-        self._observe()
-
-    def release(self) -> None:
-        if self.writing > 1:
-            self.records.unpersist()
-
-
-def _engine_parts(
-    spark: SparkSession, view: PipelineConfig, source: Source | None
-) -> tuple[Engine, DeadLetterQueue]:
-    """A table's engine, built on ``spark`` (``source``: the stream the tables share), and its
-    dead-letter queue."""
-    engine = build_engine(spark, view, source=source)
-    queue = DeadLetterQueue(
-        engine.dead_letter_sink, engine.dead_letter_offsets, view.delta.storage_options
-    )
-    return engine, queue
 
 
 class Pipeline:
@@ -151,7 +103,7 @@ class Pipeline:
         # config's `delta:` names it, or one per entry of `tables:`, sharing one source.
         source = build_source(config) if config.tables else None
         self.tables: list[TableRun] = table_runs(
-            config.table_configs(), lambda view: _engine_parts(spark, view, source)
+            config.table_configs(), lambda view: build_engine_parts(spark, view, source)
         )
         # The first table's parts (the only table's, for a pipeline of one table).
         self.engine: Engine = self.tables[0].engine
@@ -215,7 +167,7 @@ class Pipeline:
         self.checkpoint.spark = spark
         source = build_source(self.config)
         for run in self.tables:
-            run.engine, run.dead_letters = _engine_parts(spark, run.config, source)
+            run.engine, run.dead_letters = build_engine_parts(spark, run.config, source)
         self.engine = self.tables[0].engine
         self.dead_letters = self.tables[0].dead_letters
 
@@ -233,28 +185,7 @@ class Pipeline:
 
     @property
     def query_name(self) -> str:
-        # One name per pipeline and checkpoint: Spark refuses two active queries of one name.
-        digest = hashlib.sha1(self.config.checkpoint.encode()).hexdigest()[:8]
-        return f"kafka-delta-{self.config.pipeline_id}-{digest}"
-
-    def _resume_planner(self) -> ResumePlanner:
-        return ResumePlanner(
-            self.config, self.checkpoint, self.admin, self.tables, self.engine.source
-        )
-
-    def resume_point(self, planner: ResumePlanner | None = None) -> StoredOffsets | None:
-        """Stored offsets to start from when the checkpoint is new, after judging the
-        checkpoint against the tables (:class:`.resume.ResumePlanner`): one the tables moved
-        past is set aside (:attr:`set_aside_as`) and the run resumes from the tables, one ahead
-        of them without explanation stops."""
-        resume = (planner or self._resume_planner()).plan()
-        positions = self.positions
-        positions.topic_ids = resume.topic_ids
-        if resume.recreated:
-            positions.recreated, positions.recreated_from = resume.recreated, resume.recreated_from
-        if resume.set_aside_as is not None:
-            self.set_aside_as = resume.set_aside_as
-        return resume.stored
+        return query_name(self.config)
 
     @property
     def summary(self) -> RunSummary:
@@ -270,32 +201,22 @@ class Pipeline:
         return self.engine.dead_letter_sink
 
     def start(self) -> StreamingQuery:
-        planner = self._resume_planner()
-        stored = self.resume_point(planner)
-        self.positions.start_at(stored.offsets if stored is not None else {})
+        """Starts the query where the run starts (:class:`.resume.ResumePlanner`, after judging
+        the checkpoint against the tables: one the tables moved past is set aside,
+        :attr:`set_aside_as`, and the run resumes from the tables; one ahead of them without
+        explanation stops)."""
+        planner = ResumePlanner(
+            self.config, self.checkpoint, self.admin, self.tables, self.engine.source
+        )
+        resume = planner.plan()
+        if resume.set_aside_as is not None:
+            self.set_aside_as = resume.set_aside_as
+        self.positions.start_at(resume)
         planner.place_tables(self.positions.initial)
+        stored = resume.stored
         planner.log_start(stored)
         self.progress.start_commit_back(stored)
-        decode = None
-        if self.config.decoding.value.format != "raw":
-            # Only then: a project on raw bytes never imports the decoders' libraries.
-            from kafka_delta.decoding.resolve import build_decode_spec
-
-            value = self.config.decoding.value
-            columns = (
-                self.engine.sink.columns()
-                if value.format == "protobuf"
-                and not value.message
-                and not self.run_loop.message_seen
-                else None
-            )  # a table that exists says which protobuf message it takes
-            decode = build_decode_spec(
-                self.spark,
-                self.config,
-                self.run_loop.writer_schema_ids,
-                self.run_loop.message_seen,
-                columns,
-            )
+        decode = self.run_loop.decode_spec(self.engine.sink.columns)
         # Until the first batch's tasks run, the executors are idle (the driver registers the
         # source, starts the query, plans the batch): start their Python workers meanwhile.
         warm_up(
@@ -309,34 +230,9 @@ class Pipeline:
             decode=decode,
             topic_ids=self.positions.topic_ids,
         )
-        if self.config.trigger.mode == "available_now":
-            self.progress.target = self.admin.latest(
-                self.admin.partitions(self.config.kafka.topics)
-            )
-        if self.remote:
-            self.progress.open_mailbox()
+        self.progress.query_starts()
         # Under Spark Connect the batch function is pickled here, with the state set above.
-        writer = (
-            stream.writeStream.queryName(self.query_name)
-            .option("checkpointLocation", self.config.checkpoint)
-            .foreachBatch(self._gated_batch)
-        )
-        trigger = self.config.trigger
-        if trigger.mode == "available_now":
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{trigger.interval_seconds} seconds")
-        if trigger.idle_poll is not None:
-            # Interval 0: Spark asks the source again this long after finding nothing new (its
-            # own 10 ms cost an idle run 15-20% of a core); read as the query starts.
-            self.spark.conf.set(POLLING_DELAY, f"{max(1, round(trigger.idle_poll * 1000))}ms")
-        try:
-            self._query = writer.start()
-        except Exception as exc:
-            refused = trigger_refused(exc, self.config.trigger.mode)
-            if refused is not None:
-                raise TriggerNotSupportedError(refused) from None
-            raise
+        self._query = start_query(stream, self.spark, self.config, self._gated_batch)
         return self._query
 
     # -- the micro-batch --------------------------------------------------------------------
@@ -423,9 +319,7 @@ class Pipeline:
         for table_batch in table_batches:
             run = table_batch.run
             table_batch.firsts = (
-                joined_at(
-                    table_batch.start, run.known
-                )  # new to the pipeline: from where the stream is
+                joined_at(table_batch.start, run.known)  # new to the pipeline: where the stream is
                 if run.joining
                 else first_positions(self.admin, self.config, table_batch.start, run.known)
             )
@@ -490,16 +384,15 @@ class Pipeline:
         """The rows table ``run`` receives: the rows read as deletes of their key as its own
         tombstones setting takes them, through the transform and the table's route
         (:func:`.routing.table_output`); of an upsert table, the latest row per key."""
-        out = table_output(self.transform, key_deletes(records, run), run, self._names)
-        self._check_positions(run, out)
+        names = [r.name for r in self.tables]
+        out = table_output(self.transform, key_deletes(records, run), run, names)
+        if run.label not in self._positions_checked:  # at the run's first batch
+            self._positions_checked.add(run.label)
+            warn_without_positions(out.columns, run.name)  # the schema: no job
         mode = run.config.delta
         if mode.mode == "upsert":
             out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
         return out
-
-    @property
-    def _names(self) -> list[str | None]:
-        return [r.name for r in self.tables]
 
     @staticmethod
     def _send_dead_letters(
@@ -524,11 +417,7 @@ class Pipeline:
         for table_batch in table_batches:
             for topic, parts in table_batch.commit.end_offsets.items():
                 table_batch.run.known.setdefault(topic, {}).update(parts)
-        group = {
-            t: {p: o for p, o in parts.items() if p in end.get(t, {})}
-            for t, parts in group_offsets(self.tables).items()
-            if t in end
-        }
+        group = group_offsets(self.tables, within=end)
         written = any(table_batch.result.written for table_batch in table_batches)
         self.positions.stored(group, written)
         return group
@@ -546,29 +435,6 @@ class Pipeline:
         """The batch's progress, the commit back and the progress line, in the process that
         started the run (:meth:`.progress.run_progress.RunProgress.report`)."""
         self.progress.report(batch_id, table_batches, end, group, observation, started, clock)
-
-    def _check_positions(self, run: TableRun, out: DataFrame) -> None:
-        """At a run's first batch, warn when the transform's rows for ``run`` lack ``topic``,
-        ``partition`` or ``offset``. Exactly once does not rest on them (the offsets ride in the
-        commit), and a table of aggregates or of one row per key may rightly drop them, so this
-        warns rather than refuses; but without them ``offsets verify`` cannot audit the rows,
-        and once Delta log cleanup removed the commits that name the stored offsets, a lost
-        checkpoint resumes only after ``offsets reset --to-offsets`` (offsets.stored)."""
-        if run.label in self._positions_checked:
-            return
-        self._positions_checked.add(run.label)
-        missing = [c for c in POSITION_COLUMNS if c not in out.columns]  # the schema: no job
-        if missing:
-            of = f" for table {run.name}" if run.name else ""
-            log.warning(
-                "the transform's rows%s lack %s: they carry no Kafka position, so `offsets "
-                "verify` cannot audit them, and after Delta log cleanup a lost checkpoint "
-                "resumes only with `offsets reset --to-offsets`; keep %s in the transform's "
-                "output unless the table is meant to hold none (aggregates)",
-                of,
-                ", ".join(missing),
-                "them" if len(missing) > 1 else "it",
-            )
 
     # -- running ----------------------------------------------------------------------------
 

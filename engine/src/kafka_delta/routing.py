@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from kafka_delta.config import PipelineConfig
@@ -179,6 +179,37 @@ def table_batch(
     return TableBatch(run, commit, t_start, skipped)
 
 
+class BatchRead:
+    """The batch's records as its tables read them, read from Kafka once for all of them
+    (persisted while more than one writes), and the count of what was read: observed while
+    the sinks' own jobs run (no extra job); a batch every table has (a replay) reads nothing,
+    so nothing is observed."""
+
+    def __init__(self, df: DataFrame, writing: int) -> None:
+        self.df = df
+        self.writing = writing
+        self._observe()
+
+    def _observe(self) -> None:
+        self.observation: Observation | None = Observation() if self.writing else None
+        observed = (
+            self.df
+            if self.observation is None
+            else self.df.observe(self.observation, F.count(F.lit(1)).alias("records"))
+        )
+        self.records = observed.persist() if self.writing > 1 else observed
+
+    def renew(self) -> None:
+        """Observe the records afresh: a job that failed part way (a clean write that met a
+        dead letter) filled the observation with what its finished tasks had counted."""
+        self.release()
+        self._observe()
+
+    def release(self) -> None:
+        if self.writing > 1:
+            self.records.unpersist()
+
+
 def key_deletes(df: DataFrame, run: TableRun) -> DataFrame:
     """The batch's records as table ``run`` takes them: the rows the decoder read as deletes of
     their key (:data:`~kafka_delta.contract.KEY_DELETE_COLUMN`) stay deletes where the table's
@@ -257,13 +288,20 @@ def table_output(
     return out.where(keep)
 
 
-def group_offsets(tables: Sequence[TableRun]) -> Offsets:
+def group_offsets(tables: Sequence[TableRun], within: Offsets | None = None) -> Offsets:
     """What every table that reads a partition has stored, per partition: the minimum (the
-    consumer group's committed offset; one table: its own)."""
+    consumer group's committed offset; one table: its own); of the partitions ``within`` names
+    (a batch's end offsets), when given."""
     group: Offsets = {}
     for run in tables:
         for t, parts in run.known.items():
             for p, o in parts.items():
                 current = group.setdefault(t, {}).get(p)
                 group[t][p] = o if current is None else min(current, o)
-    return group
+    if within is None:
+        return group
+    return {
+        t: {p: o for p, o in parts.items() if p in within.get(t, {})}
+        for t, parts in group.items()
+        if t in within
+    }

@@ -15,7 +15,7 @@ another subject never widens the reader: it is a dead letter naming its schema i
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,14 +42,25 @@ def build_decode_spec(
     config: PipelineConfig,
     writer_schema_ids: Iterable[int] = (),
     message_seen: str | None = None,
-    table_columns: Iterable[str] | None = None,
+    table_columns: Callable[[], Iterable[str] | None] | None = None,
 ) -> DecodeSpec | None:
     """The pipeline's decode spec; None when the value stays raw bytes. The records are decoded
     once for every table: when a table has ``tombstones: delete``, a tombstone is read as a
     delete whose key fills the merge keys of the tables that delete (each table then takes it as
-    its own ``tombstones`` says: :func:`kafka_delta.routing.key_deletes`)."""
+    its own ``tombstones`` says: :func:`kafka_delta.routing.key_deletes`). ``table_columns``:
+    the columns of the table as it is, asked only for Protobuf without ``message:`` before a
+    message was seen (a table that exists says which message it takes)."""
+    value = config.decoding.value
+    columns = (
+        table_columns()
+        if table_columns is not None
+        and value.format == "protobuf"
+        and not value.message
+        and not message_seen
+        else None
+    )
     spec = decode_spec(
-        spark, config.decoding, config.kafka.topics, writer_schema_ids, message_seen, table_columns
+        spark, config.decoding, config.kafka.topics, writer_schema_ids, message_seen, columns
     )
     keys: dict[str, None] = {}
     for table in config.table_configs():

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from kafka_delta.engine import Source
     from kafka_delta.kafka.admin import KafkaAdmin
     from kafka_delta.recovery.checkpoint import CheckpointLog
+    from kafka_delta.resume import Resume
 
 # The batch's lines are the pipeline's: log configs and tools select them by its logger.
 log = logging.getLogger("kafka_delta.pipeline")
@@ -44,10 +45,15 @@ class RunPositions:
     # ends), recorded with the batch that starts them over.
     recreated_from: Offsets = field(default_factory=dict)
 
-    def start_at(self, initial: Offsets) -> None:
-        """The query starts from ``initial`` (the stored offsets it resumes from; {}: none)."""
-        self.initial = initial
-        self.known = {t: dict(parts) for t, parts in initial.items()}
+    def start_at(self, resume: Resume) -> None:
+        """The query starts where the run's start found the tables
+        (:meth:`kafka_delta.resume.ResumePlanner.plan`): from the stored offsets it resumes from
+        ({}: none), with the topics' ids and the topics recreated."""
+        self.topic_ids = resume.topic_ids
+        if resume.recreated:
+            self.recreated, self.recreated_from = resume.recreated, resume.recreated_from
+        self.initial = resume.stored.offsets if resume.stored is not None else {}
+        self.known = {t: dict(parts) for t, parts in self.initial.items()}
 
     def stored(self, group: Offsets, written: bool) -> None:
         """The batch is committed: the group's offsets are stored (``written``: some table

@@ -160,11 +160,15 @@ class RunProgress:
                 -1 if stored.batch_id is None else stored.batch_id, stored.offsets
             )
 
-    def open_mailbox(self) -> None:
-        """Under Spark Connect, at the query's start: where the batch function's process posts
-        each batch, emptied of what an earlier start of this run left."""
-        self._mailbox = BatchMailbox(self.config.checkpoint, self.run_id)
-        self._mailbox.clear()
+    def query_starts(self) -> None:
+        """As the query starts: of a run until caught up, the latest offsets now (its
+        :attr:`target`); under Spark Connect, where the batch function's process posts each
+        batch, emptied of what an earlier start of this run left."""
+        if self.config.trigger.mode == "available_now":
+            self.target = self.admin.latest(self.admin.partitions(self.config.kafka.topics))
+        if self.remote:
+            self._mailbox = BatchMailbox(self.config.checkpoint, self.run_id)
+            self._mailbox.clear()
 
     def open(self) -> None:
         """The run begins: committed batches are reported off their critical path."""

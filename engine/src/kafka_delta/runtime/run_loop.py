@@ -12,9 +12,10 @@ gained fields, Protobuf records carry another message, the Schema Registry or Ka
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -25,10 +26,11 @@ from kafka_delta.recovery.lease import RunLease
 from kafka_delta.runtime.compaction import RunCompaction
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
     from kafka_delta.config import PipelineConfig
+    from kafka_delta.decoding.spec import DecodeSpec
     from kafka_delta.progress.run_progress import RunProgress
     from kafka_delta.progress.summary import RunSummary
     from kafka_delta.routing import TableRun
@@ -84,6 +86,49 @@ def trigger_refused(exc: BaseException, mode: str) -> str | None:
     )
 
 
+# Spark's pause before it asks a streaming source again after it had nothing new.
+POLLING_DELAY = "spark.sql.streaming.pollingDelay"
+
+
+def query_name(config: PipelineConfig) -> str:
+    """The pipeline's query name: one per pipeline and checkpoint (Spark refuses two active
+    queries of one name)."""
+    digest = hashlib.sha1(config.checkpoint.encode()).hexdigest()[:8]
+    return f"kafka-delta-{config.pipeline_id}-{digest}"
+
+
+def start_query(
+    stream: DataFrame,
+    spark: SparkSession,
+    config: PipelineConfig,
+    batch_function: Callable[[DataFrame, int], None],
+) -> StreamingQuery:
+    """The pipeline's query on ``stream``, on the checkpoint and trigger the config names:
+    ``batch_function`` runs each micro-batch. A trigger the compute refuses stops the run with
+    :class:`TriggerNotSupportedError`."""
+    writer = (
+        stream.writeStream.queryName(query_name(config))
+        .option("checkpointLocation", config.checkpoint)
+        .foreachBatch(batch_function)
+    )
+    trigger = config.trigger
+    if trigger.mode == "available_now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger.interval_seconds} seconds")
+    if trigger.idle_poll is not None:
+        # Interval 0: Spark asks the source again this long after finding nothing new (its
+        # own 10 ms cost an idle run 15-20% of a core); read as the query starts.
+        spark.conf.set(POLLING_DELAY, f"{max(1, round(trigger.idle_poll * 1000))}ms")
+    try:
+        return writer.start()
+    except Exception as exc:
+        refused = trigger_refused(exc, trigger.mode)
+        if refused is not None:
+            raise TriggerNotSupportedError(refused) from None
+        raise
+
+
 class RunLoop:
     """Runs one pipeline's streaming query until it is caught up (availableNow) or until
     :meth:`request_stop` (processing time), starting it again where a failure allows; either
@@ -115,6 +160,22 @@ class RunLoop:
         # Protobuf without `message:`: the message the records were found to carry, the
         # reader's from then on in this run (the file's default is a guess until then).
         self.message_seen: str | None = None
+
+    def decode_spec(
+        self, table_columns: Callable[[], Iterable[str] | None] | None = None
+    ) -> DecodeSpec | None:
+        """The reader schema of the query as it starts (again), with what the restarts learnt:
+        the writer schemas seen, the protobuf message the records carry
+        (:func:`kafka_delta.decoding.resolve.build_decode_spec`; ``table_columns``: the table's,
+        a table that exists says which protobuf message it takes). None: raw bytes."""
+        if self.config.decoding.value.format == "raw":
+            return None
+        # Only then: a project on raw bytes never imports the decoders' libraries.
+        from kafka_delta.decoding.resolve import build_decode_spec
+
+        return build_decode_spec(
+            self.spark, self.config, self.writer_schema_ids, self.message_seen, table_columns
+        )
 
     def request_stop(self) -> None:
         """Stop after the current micro-batch (safe from a signal handler)."""
