@@ -27,7 +27,7 @@ def test_spark_kafka_sources_first_batch_at_its_initial_offsets_is_not_fenced() 
     start = {"orders": {0: 0, 1: 40}}
     earliest = {"orders": {0: 0, 1: 40}}
 
-    check_contiguous(None, start, _commit(0, {"orders": {0: 10, 1: 50}}), firsts=earliest)
+    check_contiguous(None, start, _commit(0, {"orders": {0: 10, 1: 50}}), first_reads=earliest)
 
 
 def test_the_embedded_sources_first_batch_starts_empty_and_is_not_fenced() -> None:
@@ -37,8 +37,10 @@ def test_the_embedded_sources_first_batch_starts_empty_and_is_not_fenced() -> No
 def test_a_first_batch_may_start_at_the_configured_latest_or_at_an_offset_of_its_own() -> None:
     # starting_offsets: latest, or a map: the first read may begin that far, skipping by choice.
     at_latest = {"orders": {0: 90}}
-    check_contiguous(None, at_latest, _commit(0, {"orders": {0: 95}}), firsts=at_latest)
-    check_contiguous(None, {"orders": {0: 7}}, _commit(0, {"orders": {0: 9}}), firsts=at_latest)
+    check_contiguous(None, at_latest, _commit(0, {"orders": {0: 95}}), first_reads=at_latest)
+    check_contiguous(
+        None, {"orders": {0: 7}}, _commit(0, {"orders": {0: 9}}), first_reads=at_latest
+    )
 
 
 def test_a_first_batch_that_skips_records_kafka_holds_is_fenced_in_one_true_sentence() -> None:
@@ -46,7 +48,10 @@ def test_a_first_batch_that_skips_records_kafka_holds_is_fenced_in_one_true_sent
     # the checkpoint outlived its table.
     with pytest.raises(FencingError) as raised:
         check_contiguous(
-            None, {"orders": {0: 25}}, _commit(4, {"orders": {0: 30}}), firsts={"orders": {0: 0}}
+            None,
+            {"orders": {0: 25}},
+            _commit(4, {"orders": {0: 30}}),
+            first_reads={"orders": {0: 0}},
         )
     message = str(raised.value)
     assert "orders[0] batch starts at 25, past 0, where a first read of it starts" in message
@@ -68,7 +73,7 @@ def test_once_another_run_committed_a_first_batch_is_fenced_even_at_the_earliest
             stored,
             {"orders": {0: 0, 1: 40}},
             _commit(0, {"orders": {0: 10, 1: 50}}),
-            firsts={"orders": {0: 0, 1: 40}},
+            first_reads={"orders": {0: 0, 1: 40}},
         )
     assert "orders[0] stored 10, batch starts at 0" in str(raised.value)
     with pytest.raises(FencingError, match="the table already holds offsets"):
@@ -79,14 +84,14 @@ def test_a_partition_added_to_a_running_pipeline_starts_at_its_earliest_offset()
     stored = _stored({"orders": {0: 10}})
     start = {"orders": {0: 10, 1: 0}}
     check_contiguous(
-        stored, start, _commit(5, {"orders": {0: 12, 1: 3}}), firsts={"orders": {1: 0}}
+        stored, start, _commit(5, {"orders": {0: 12, 1: 3}}), first_reads={"orders": {1: 0}}
     )
     with pytest.raises(FencingError, match=r"orders\[1\] batch starts at 2, past 0"):
         check_contiguous(
             stored,
             {"orders": {0: 10, 1: 2}},
             _commit(5, {"orders": {0: 12, 1: 3}}),
-            firsts={"orders": {1: 0}},
+            first_reads={"orders": {1: 0}},
         )
 
 

@@ -541,7 +541,7 @@ def test_a_table_added_joins_where_the_pipeline_stands_one_removed_or_deleted_is
     _exact(shipped, kind(range(300, 400), "shipped"))
 
     # The earlier records, into that table alone: delete it and the checkpoint; the new
-    # checkpoint reads from the start for it, and the other tables skip what they hold.
+    # checkpoint reads from the start for it, and the other tables pass over what they hold.
     shutil.rmtree(shipped.delta.table)
     shutil.rmtree(cfg.checkpoint)
     Pipeline(spark, cfg).run()
@@ -557,7 +557,7 @@ def test_a_table_added_joins_where_the_pipeline_stands_one_removed_or_deleted_is
     _exact(every, set(range(440)))
     _group_is_the_minimum(cfg)
     _exact(shipped, kind(range(400), "shipped"))
-    # Listed again: it catches up from where it stopped; the others skip what they hold.
+    # Listed again: it catches up from where it stopped; the others pass over what they hold.
     cfg = adding(paid="paid", shipped="shipped")
     Pipeline(spark, cfg).run()
     _exact(every, set(range(440)))
@@ -569,7 +569,7 @@ def test_a_table_added_joins_where_the_pipeline_stands_one_removed_or_deleted_is
     with pytest.raises(CheckpointMismatchError, match=r"paid holds no offsets .* deleted or") as e:
         Pipeline(spark, cfg).run()
     # What the sentence says to do, done: the checkpoint deleted, the deleted table is read
-    # again from Kafka's earliest offsets, and the others skip what they hold.
+    # again from Kafka's earliest offsets, and the others pass over what they hold.
     assert "re-read it from Kafka's earliest offsets (the other tables skip what they" in str(
         e.value
     )

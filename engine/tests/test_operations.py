@@ -183,8 +183,8 @@ def test_two_checkpoints_racing_for_one_commit_cannot_both_commit(
     real_check = module.check_contiguous
     raced = []
 
-    def check_then_lose_the_race(stored, start, commit, firsts=None):
-        real_check(stored, start, commit, firsts)
+    def check_then_lose_the_race(stored, start, commit, first_reads=None):
+        real_check(stored, start, commit, first_reads)
         if commit is racing and not raced:
             # Between this run's check and its commit, another checkpoint commits the range.
             raced.append(mine.commit_batch(_rows(spark, 2, 3), winner, start={"o": {0: 1}}))

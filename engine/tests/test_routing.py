@@ -61,7 +61,7 @@ BATCH = BatchCommit(
 def test_a_pipeline_of_one_table_starts_and_commits_as_that_table_alone(tmp_path: Path) -> None:
     for config in (_config(tmp_path), _config(tmp_path, {"only": {}})):
         (run,) = _runs(config)
-        own = run.own_stored(STORED)
+        own = run.scoped_stored(STORED)
         assert own is not None and list(own.offsets.items()) == list(STORED.offsets.items())
 
         start = stream_start([run], [own])
@@ -73,7 +73,7 @@ def test_a_pipeline_of_one_table_starts_and_commits_as_that_table_alone(tmp_path
         share = table_batch(run, BATCH, START, "q1", [run])
         assert share.commit == BATCH.starting_at(START)
         assert share.commit.user_metadata() == BATCH.starting_at(START).user_metadata()
-        assert share.skipped == {}
+        assert share.held_below == {}
 
 
 def test_of_several_tables_each_stands_for_its_topics_and_its_commits_name_it(
@@ -81,13 +81,15 @@ def test_of_several_tables_each_stands_for_its_topics_and_its_commits_name_it(
 ) -> None:
     config = _config(tmp_path, {"orders": {"topics": ["orders"]}, "all": {}})
     orders, every = _runs(config)
-    assert orders.own(STORED.offsets) == {"orders": {0: 5}}
+    assert orders.scoped(STORED.offsets) == {"orders": {0: 5}}
 
     # A new checkpoint starts at the least the tables store; "all" holds more of orders.
     behind = StoredOffsets({"orders": {0: 3}}, 1, "shop.orders.q0", 1)
-    start = stream_start([orders, every], [orders.own_stored(behind), every.own_stored(STORED)])
+    start = stream_start(
+        [orders, every], [orders.scoped_stored(behind), every.scoped_stored(STORED)]
+    )
     assert start is not None and start.offsets == {"orders": {0: 3}, "payments": {0: 4, 1: 7}}
-    every.held_below = held_below(every.own(STORED.offsets), start.offsets)
+    every.held_below = held_below(every.scoped(STORED.offsets), start.offsets)
     assert every.held_below == {"orders": {0: 5}}
 
     share = table_batch(
@@ -95,7 +97,7 @@ def test_of_several_tables_each_stands_for_its_topics_and_its_commits_name_it(
     )
     assert share.commit.app_id == "shop.all.q1" and share.commit.tables == ("orders", "all")
     assert share.start == {"orders": {0: 5}, "payments": {0: 4, 1: 7}}  # from what it holds
-    assert share.skipped == {"orders": {0: 5}}
+    assert share.held_below == {"orders": {0: 5}}
     first = table_batch(orders, BATCH, START, "q1", [orders, every])
     assert first.commit.end_offsets == {"orders": {0: 8}}
     assert first.commit.topic_ids == {"orders": "id-o"} and first.commit.app_id == "shop.orders.q1"

@@ -42,11 +42,11 @@ def work_consume(spec: dict[str, Any]) -> dict[str, Any]:
         results = pool.map(
             _consume_partitions, [(spec["bootstrap"], spec["topic"], s) for s in shares]
         )
-    firsts = [r[1] for r in results if r[1]]
+    first_reads = [r[1] for r in results if r[1]]
     return {
         "rows": sum(r[3] for r in results),
         "clock_start": min(r[0] for r in results),
-        "first_records": min(firsts) if firsts else time.time(),
+        "first_records": min(first_reads) if first_reads else time.time(),
         "end": max(r[2] for r in results),
         "batches": [],
     }

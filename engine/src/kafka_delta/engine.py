@@ -119,11 +119,11 @@ class Sink(Protocol):
         ...
 
     def check(
-        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+        self, commit: BatchCommit, start: Offsets | None = None, first_reads: Offsets | None = None
     ) -> bool:
         """The fencing check alone, before anything is written (dead letters go to their table
         only after it): True when the batch is already in the table (a replay), raises
-        :class:`FencingError` when it does not start where the table ends (``firsts``: how far
+        :class:`FencingError` when it does not start where the table ends (``first_reads``: how far
         the first read of a partition the table stores nothing for may begin, see
         :func:`.offsets.fencing.check_contiguous`)."""
         ...
@@ -133,12 +133,12 @@ class Sink(Protocol):
         rows: Rows,
         commit: BatchCommit,
         start: Offsets | None = None,
-        firsts: Offsets | None = None,
+        first_reads: Offsets | None = None,
         *,
         expected_seq: int | None = None,
     ) -> SinkResult:
         """Commit ``rows`` as batch ``commit`` in one Delta commit; ``start`` (the batch's
-        start offsets) enables the fencing check, with ``firsts`` as in :meth:`check`; a replay
+        start offsets) enables the fencing check, with ``first_reads`` as in :meth:`check`; a replay
         writes nothing. The checks run again here, atomically with the commit.
         ``expected_seq``: the pipeline's newest commit number in the table when the caller read
         what it holds (0: none); the commit lands only on top of it, else

@@ -46,7 +46,7 @@ from kafka_delta.progress.batch import ProgressListener, StepClock
 from kafka_delta.progress.run_progress import RunProgress
 from kafka_delta.progress.summary import RunSummary
 from kafka_delta.recovery.checkpoint import CheckpointLog, CheckpointMismatchError
-from kafka_delta.resume import ResumePlanner, first_positions, joined_at
+from kafka_delta.resume import ResumePlanner, first_positions, joining_first_reads
 from kafka_delta.routing import (
     BatchRead,
     TableBatch,
@@ -318,13 +318,14 @@ class Pipeline:
         nothing is read for it from Kafka, no data file and no dead letter is written."""
         for table_batch in table_batches:
             run = table_batch.run
-            table_batch.firsts = (
-                joined_at(table_batch.start, run.known)  # new to the pipeline: where the stream is
+            # A table new to the pipeline begins where the stream is.
+            table_batch.first_reads = (
+                joining_first_reads(table_batch.start, run.known)
                 if run.joining
                 else first_positions(self.admin, self.config, table_batch.start, run.known)
             )
             table_batch.replayed = run.engine.sink.check(
-                table_batch.commit, table_batch.start, table_batch.firsts
+                table_batch.commit, table_batch.start, table_batch.first_reads
             )
 
     def _write_table(
@@ -348,7 +349,7 @@ class Pipeline:
         while True:
             with clock.step("materialize"):
                 records = without_held(
-                    table_input(read.records, run, self.config.kafka.topics), table_batch.skipped
+                    table_input(read.records, run, self.config.kafka.topics), table_batch.held_below
                 )
                 out = self._transform(run, records)
                 written = sink.materialize(out, split=split)
@@ -369,7 +370,7 @@ class Pipeline:
                 read.renew()
                 with clock.step("check"):
                     table_batch.replayed = sink.check(
-                        table_batch.commit, table_batch.start, table_batch.firsts
+                        table_batch.commit, table_batch.start, table_batch.first_reads
                     )
                 if table_batch.replayed:
                     return
@@ -408,7 +409,10 @@ class Pipeline:
     def _commit(table_batch: TableBatch, written: Materialized) -> SinkResult:
         """The table's one Delta commit of the batch: its rows, txn and offsets."""
         return table_batch.run.engine.sink.commit_batch(
-            written.rows, table_batch.commit, start=table_batch.start, firsts=table_batch.firsts
+            written.rows,
+            table_batch.commit,
+            start=table_batch.start,
+            first_reads=table_batch.first_reads,
         )
 
     def _store_ends(self, table_batches: Sequence[TableBatch], end: Offsets) -> Offsets:

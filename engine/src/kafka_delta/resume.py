@@ -21,15 +21,15 @@ A table added to a pipeline that already ran (:func:`new_tables`): each table's 
 the pipeline's tables as of their batch (:attr:`.offsets.model.BatchCommit.tables`). A table
 that holds no commit of the pipeline is new when no other table's newest commit names it: it
 joins where the stream stands (on the checkpoint it has, or where a new one starts from the
-other tables; :func:`joined_at`), and earlier records are not backfilled. A table they name and
-that holds nothing was deleted or replaced: on the checkpoint that wrote it, the run stops with
-that sentence, as for a pipeline of one table; on a new checkpoint, it is read again from the
-rule of first reads while the other tables skip what they hold (which is also how a table added
-later is filled with the earlier records: delete it and the checkpoint). A table that holds
-commits and that the others' newest commits leave out was removed from ``tables:`` for a while
-and is back (:func:`readded_tables`): it stands where it stopped, so a checkpoint that went on
-without it is set aside and the run resumes from the tables, where it catches up and the others
-skip what they hold.
+other tables; :func:`joining_first_reads`), and earlier records are not backfilled. A table
+they name and that holds nothing was deleted or replaced: on the checkpoint that wrote it, the
+run stops with that sentence, as for a pipeline of one table; on a new checkpoint, it is read
+again from the rule of first reads while the other tables pass over what they hold (which is
+also how a table added later is filled with the earlier records: delete it and the
+checkpoint). A table that holds commits and that the others' newest commits leave out was
+removed from ``tables:`` for a while and is back (:func:`readded_tables`): it stands where it
+stopped, so a checkpoint that went on without it is set aside and the run resumes from the
+tables, where it catches up and the others pass over what they hold below it.
 
 The rule of first reads also fences every batch (:func:`first_positions`): how far a batch may
 begin a partition the table stores nothing for.
@@ -123,7 +123,7 @@ class ResumePlanner:
         found: list[StoredOffsets | None] = []
         for run in self.tables:
             held = run.engine.offset_store.read(lambda run=run: self.admin.partitions(run.topics))
-            held = run.own_stored(held)
+            held = run.scoped_stored(held)
             found.append(held)
             run.initial = held.offsets if held is not None else {}
         return found
@@ -152,7 +152,7 @@ class ResumePlanner:
                 # Without the checkpoint, a table that holds nothing beside tables that hold
                 # offsets reads from Kafka's earliest (stream_start).
                 again = (
-                    "it from Kafka's earliest offsets (the other tables skip what they hold)"
+                    "it from Kafka's earliest offsets (the other tables pass over what they hold)"
                     if any(h is not None for h in found)
                     else f"from {self.config.kafka.starting_offsets} offsets"
                 )
@@ -281,12 +281,12 @@ class ResumePlanner:
                     "table %s is new to pipeline %r: it receives records from where the "
                     "pipeline stands on (%s); earlier records are not backfilled (to read them "
                     "into it: stop the pipeline, delete table %s and the checkpoint, and run: "
-                    "the other tables skip what they hold)",
+                    "the other tables pass over what they hold)",
                     run.label,
                     self.config.pipeline_id,
                     ", ".join(
                         f"{t}[{p}] {o}"
-                        for t, parts in sorted(run.own(start).items())
+                        for t, parts in sorted(run.scoped(start).items())
                         for p, o in sorted(parts.items())
                     )
                     or "the checkpoint's position",
@@ -403,7 +403,7 @@ def stream_start(
     """Where the stream resumes when its checkpoint is new: per partition, the lowest offset
     the tables that stand for it store; a partition one of them stores nothing for starts by
     the rule of first reads once the pipeline stored offsets: at Kafka's ``earliest`` (asked
-    only for such partitions), so the tables that store it skip what they hold. One table: its
+    only for such partitions), so the tables that store it pass over what they hold. One table: its
     stored offsets (the only table stands for every topic it stores)."""
     present = [s for s in found if s is not None]
     if not present:
@@ -443,12 +443,12 @@ def held_below(stored: Offsets, start: Offsets) -> Offsets:
     the stream starts by the rule of first reads: another table reading them stores none), with
     what it stores: the table holds every record below. Empty for one table (the stream starts
     where it stores)."""
-    ahead: Offsets = {}
+    held: Offsets = {}
     for t, parts in stored.items():
         for p, o in parts.items():
             if o > start.get(t, {}).get(p, -1):
-                ahead.setdefault(t, {})[p] = o
-    return ahead
+                held.setdefault(t, {})[p] = o
+    return held
 
 
 def new_tables(
@@ -520,7 +520,7 @@ def _named(
     return named
 
 
-def joined_at(start: Offsets, known: Offsets) -> Offsets:
+def joining_first_reads(start: Offsets, known: Offsets) -> Offsets:
     """Where a table new to the pipeline may begin the partitions it stores nothing for: where
     its first batch starts (the stream's position; nothing below was ever the table's)."""
     return {

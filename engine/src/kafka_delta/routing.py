@@ -112,13 +112,13 @@ class TableRun:
         """Whether ``topic``'s offsets are this table's own (:attr:`scope`)."""
         return self.scope is None or topic in self.scope
 
-    def own(self, offsets: Mapping[str, Mapping[int, int]]) -> Offsets:
+    def scoped(self, offsets: Mapping[str, Mapping[int, int]]) -> Offsets:
         """``offsets`` of the topics this table stands for (a copy)."""
         return {t: dict(parts) for t, parts in offsets.items() if self.stands_for(t)}
 
-    def own_stored(self, stored: StoredOffsets | None) -> StoredOffsets | None:
+    def scoped_stored(self, stored: StoredOffsets | None) -> StoredOffsets | None:
         """What the table stores, of the topics it stands for."""
-        return None if stored is None else replace(stored, offsets=self.own(stored.offsets))
+        return None if stored is None else replace(stored, offsets=self.scoped(stored.offsets))
 
 
 def table_runs(
@@ -144,15 +144,16 @@ def table_runs(
 @dataclass
 class TableBatch:
     """One table's share of one micro-batch, as the batch function plans, fences and writes
-    it: ``commit`` records the table's range (``start``, its end offsets); ``skipped``: the
-    partitions it holds records of below its range's start (:func:`table_range`)."""
+    it: ``commit`` records the table's range (``start``, its end offsets); ``held_below``: the
+    partitions whose records below its range's start the table holds already
+    (:func:`table_range`)."""
 
     run: TableRun
     commit: BatchCommit
     start: Offsets
-    skipped: Offsets
+    held_below: Offsets
     # How far the batch may begin a partition the table stores nothing for (fencing).
-    firsts: Offsets = field(default_factory=dict)
+    first_reads: Offsets = field(default_factory=dict)
     # The table already has the batch (its txn): nothing is read or written for it.
     replayed: bool = False
     result: SinkResult = field(default_factory=lambda: SinkResult(False, 0, None))
@@ -166,17 +167,17 @@ def table_batch(
     ``start``): its range (:func:`table_range`) and its own commit: its txnAppId, the offsets,
     topic ids and rewound partitions of the topics it stands for, the pipeline's ``tables``
     that commits name, and its start (recorded for ``offsets verify``)."""
-    t_start, t_end, skipped = table_range(run, start, batch.end_offsets)
+    t_start, t_end, held = table_range(run, start, batch.end_offsets)
     commit = replace(
         batch,
         app_id=app_id(batch.pipeline_id, query_id, run.commit_name),
         end_offsets=t_end,
         topic_ids={t: i for t, i in (batch.topic_ids or {}).items() if t in t_end} or None,
         rewound=tuple(tp for tp in batch.rewound if tp[0] in t_end),
-        rewound_from=run.own(batch.rewound_from or {}) or None,
+        rewound_from=run.scoped(batch.rewound_from or {}) or None,
         tables=tuple(str(r.commit_name) for r in tables if r.commit_name is not None),
     ).starting_at(t_start)
-    return TableBatch(run, commit, t_start, skipped)
+    return TableBatch(run, commit, t_start, held)
 
 
 class BatchRead:
@@ -228,29 +229,29 @@ def key_deletes(df: DataFrame, run: TableRun) -> DataFrame:
 
 
 def table_range(run: TableRun, start: Offsets, end: Offsets) -> tuple[Offsets, Offsets, Offsets]:
-    """(start, end, skipped) of a table's range of a batch ``[start, end)``: the topics it
+    """(start, end, held below) of a table's range of a batch ``[start, end)``: the topics it
     stands for; where it holds records below a partition's start (:attr:`TableRun.held_below`
-    above the batch's start), from there on (``skipped``: where the batch's records must reach
-    to be written). One table: the batch's range, nothing skipped."""
-    t_start, t_end = run.own(start), run.own(end)
-    skipped: Offsets = {}
+    above the batch's start), from there on (held below: where the batch's records must reach
+    to be written). One table: the batch's range, nothing held below it."""
+    t_start, t_end = run.scoped(start), run.scoped(end)
+    held: Offsets = {}
     for t, parts in run.held_below.items():
         for p, f in parts.items():
             if p in t_start.get(t, {}) and t_start[t][p] < f:
-                skipped.setdefault(t, {})[p] = f
+                held.setdefault(t, {})[p] = f
                 t_start[t][p] = f
                 t_end.setdefault(t, {})[p] = max(f, t_end.get(t, {}).get(p, f))
-    return t_start, t_end, skipped
+    return t_start, t_end, held
 
 
-def without_held(df: DataFrame, skipped: Offsets) -> DataFrame:
-    """The batch's records but those a table holds already: below each ``skipped`` partition's
-    start (:func:`table_range`)."""
-    if not skipped:
+def without_held(df: DataFrame, held_below: Offsets) -> DataFrame:
+    """The batch's records but those a table holds already: below each ``held_below``
+    partition's offset (:func:`table_range`)."""
+    if not held_below:
         return df
     held: list[Column] = [
         (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") < f)
-        for t, parts in skipped.items()
+        for t, parts in held_below.items()
         for p, f in parts.items()
     ]
     return df.where(~reduce(lambda a, b: a | b, held))

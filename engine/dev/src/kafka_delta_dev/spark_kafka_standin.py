@@ -340,8 +340,8 @@ class StandInStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, until = _from_json(start), _from_json(end)
         new = [tp for tp in until if tp not in begin]
-        firsts = self.earliest(new)
-        for tp, offset in sorted(firsts.items()):
+        first_reads = self.earliest(new)
+        for tp, offset in sorted(first_reads.items()):
             if offset != 0:
                 self._report_data_loss(
                     f"Added partition {tp[0]}-{tp[1]} starts from {offset} instead of 0. Some "
@@ -353,7 +353,7 @@ class StandInStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._report_data_loss(f"Set({names}) are gone. Some data may have been missed.")
         ranges = []
         for tp, end_offset in sorted(until.items()):
-            first = begin.get(tp, firsts.get(tp))
+            first = begin.get(tp, first_reads.get(tp))
             if first is None:
                 continue
             if end_offset < first:

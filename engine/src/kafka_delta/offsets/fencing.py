@@ -74,7 +74,7 @@ def check_contiguous(
     stored: StoredOffsets | None,
     start: Offsets | None,
     commit: BatchCommit,
-    firsts: Offsets | None = None,
+    first_reads: Offsets | None = None,
 ) -> None:
     """Raise :class:`FencingError` unless the batch starts exactly where the table ends, and
     never when it would move a stored offset backwards.
@@ -87,11 +87,12 @@ def check_contiguous(
     Partition by partition:
 
     - one the table stores an offset for must start exactly there;
-    - one the table stores nothing for (a first batch, a topic or partition new to the pipeline)
-      must start no later than ``firsts`` says: where the pipeline's rule of first reads puts it
-      (:func:`kafka_delta.offsets.model.first_offset`: Kafka's earliest offset, or the configured
-      starting offsets on the pipeline's first run), so a start that skips records Kafka still holds
-      is never taken silently; one ``firsts`` does not name has no explanation and is fenced.
+    - one the table stores nothing for (a first batch, a topic or partition new to the
+      pipeline) must start no later than ``first_reads`` says: where the pipeline's rule of
+      first reads puts it (:func:`kafka_delta.offsets.model.first_offset`: Kafka's earliest
+      offset, or the configured starting offsets on the pipeline's first run), so a start that
+      skips records Kafka still holds is never taken silently; one ``first_reads`` does not name
+      has no explanation and is fenced.
       Spark's kafka source starts batch 0 at its initial offsets (``{topic: {p: 0}}`` on a new
       topic), the embedded source at ``{}``: both pass by this one rule;
     - one in the table but not in ``start`` (a topic dropped from the subscription) keeps its
@@ -126,7 +127,7 @@ def check_contiguous(
         for p, o in parts.items()
         if p in start.get(t, {}) and start[t][p] != o and (t, p) not in commit.rewound
     ]
-    limits = firsts or {}
+    limits = first_reads or {}
     skipping = [
         (t, p, s, limits.get(t, {}).get(p))
         for t, parts in start.items()

@@ -92,11 +92,11 @@ class RunPositions:
         if not new:
             return start
         if source.new_partitions_start_at_stored_offsets:
-            firsts = {t: {p: self.initial[t][p] for p in parts} for t, parts in new.items()}
+            first_reads = {t: {p: self.initial[t][p] for p in parts} for t, parts in new.items()}
         else:
-            firsts = admin.watermarks(new).earliest
+            first_reads = admin.watermarks(new).earliest
         merged = {t: dict(parts) for t, parts in start.items()}
-        for t, parts in firsts.items():
+        for t, parts in first_reads.items():
             merged.setdefault(t, {}).update(parts)
         return merged
 

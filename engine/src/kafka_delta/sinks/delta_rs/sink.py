@@ -624,7 +624,7 @@ class DeltaRsSink:
         return done if done is not None and done >= commit.batch_id else None
 
     def check(
-        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+        self, commit: BatchCommit, start: Offsets | None = None, first_reads: Offsets | None = None
     ) -> bool:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
@@ -632,7 +632,7 @@ class DeltaRsSink:
         if self._replayed(table, commit) is not None:
             return True
         stored = self.stored_offsets(table, commit, start) if table is not None else None
-        check_contiguous(stored, start, commit, firsts)
+        check_contiguous(stored, start, commit, first_reads)
         return False
 
     # -- committing -------------------------------------------------------------------------
@@ -642,7 +642,7 @@ class DeltaRsSink:
         rows: Rows,
         commit: BatchCommit,
         start: Offsets | None = None,
-        firsts: Offsets | None = None,
+        first_reads: Offsets | None = None,
         *,
         expected_seq: int | None = None,
     ) -> SinkResult:
@@ -669,7 +669,7 @@ class DeltaRsSink:
                 return SinkResult(written=False, rows=0, delta_version=None)
             stored = self.stored_offsets(table, commit, start) if table is not None else None
             check_unmoved(stored, expected_seq, commit, self.table_uri)
-            check_contiguous(stored, start, commit, firsts)
+            check_contiguous(stored, start, commit, first_reads)
             commit = commit.on_top_of(stored)
             properties = CommitProperties(
                 app_transactions=[Transaction(a, v) for a, v in commit.transactions()],

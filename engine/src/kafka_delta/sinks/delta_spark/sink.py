@@ -239,7 +239,7 @@ class DeltaSparkSink:
         )
 
     def check(
-        self, commit: BatchCommit, start: Offsets | None = None, firsts: Offsets | None = None
+        self, commit: BatchCommit, start: Offsets | None = None, first_reads: Offsets | None = None
     ) -> bool:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
@@ -247,7 +247,7 @@ class DeltaSparkSink:
         table_log, stored = self._stored(commit, start)
         if self._is_replay(stored, commit):
             return True
-        check_contiguous(stored, start, commit, firsts)
+        check_contiguous(stored, start, commit, first_reads)
         self._checked = ((commit.app_id, commit.batch_id), table_log is not None, stored)
         return False
 
@@ -256,7 +256,7 @@ class DeltaSparkSink:
         rows: Rows,
         commit: BatchCommit,
         start: Offsets | None = None,
-        firsts: Offsets | None = None,
+        first_reads: Offsets | None = None,
         *,
         expected_seq: int | None = None,
     ) -> SinkResult:
@@ -283,7 +283,7 @@ class DeltaSparkSink:
             )
             return SinkResult(written=False, rows=0, delta_version=None)
         check_unmoved(stored, expected_seq, commit, self.table_uri)
-        check_contiguous(stored, start, commit, firsts)
+        check_contiguous(stored, start, commit, first_reads)
         commit = commit.on_top_of(stored)
         frame = self._frame(rows)
         # An upsert MERGEs a non-empty batch into an existing table; anything else appends.
