@@ -12,6 +12,7 @@ import yaml
 
 from kafka_delta.cli import main
 from kafka_delta.config import KafkaConfig, PipelineConfig
+from kafka_delta.dead_letters import split_dead_letters_df
 from kafka_delta.delta.spark_commit import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
@@ -25,7 +26,6 @@ from kafka_delta.offsets.model import BatchCommit, StoredOffsets, parse_user_met
 from kafka_delta.offsets.stored import newest_stored_paged
 from kafka_delta.recovery.checkpoint import CheckpointLog
 from kafka_delta.runtime.connectors import ConnectorMissingError, missing_connectors
-from kafka_delta.sinks.dead_letters import split_dead_letters_df
 from kafka_delta.sources.spark_kafka import SparkKafkaSource, spark_kafka_options
 from support import PROJECT, spark_jobs
 

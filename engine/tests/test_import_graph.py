@@ -149,3 +149,15 @@ def test_fault_injection_is_reached_through_one_seam_that_imports_nothing_of_the
     assert GRAPH["kafka_delta.crash_points"] == set()
     marking = {name for name, targets in GRAPH.items() if "kafka_delta.crash_points" in targets}
     assert "kafka_delta.pipeline" in marking and "kafka_delta.kafka.commit_back" in marking
+
+
+def test_only_the_engine_factory_imports_the_sinks() -> None:
+    """The sinks are picked in one place: every other module stands on the interface
+    (kafka_delta.engine), the Delta layer, the dead-letter queue and the upsert rule."""
+    importers = {
+        name
+        for name, targets in GRAPH.items()
+        if not name.startswith("kafka_delta.sinks")
+        and any(t.startswith("kafka_delta.sinks") for t in targets)
+    }
+    assert importers == {"kafka_delta.engine_factory"}

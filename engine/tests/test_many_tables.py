@@ -570,7 +570,7 @@ def test_a_table_added_joins_where_the_pipeline_stands_one_removed_or_deleted_is
         Pipeline(spark, cfg).run()
     # What the sentence says to do, done: the checkpoint deleted, the deleted table is read
     # again from Kafka's earliest offsets, and the others pass over what they hold.
-    assert "re-read it from Kafka's earliest offsets (the other tables skip what they" in str(
+    assert "re-read it from Kafka's earliest offsets (the other tables pass over what" in str(
         e.value
     )
     shutil.rmtree(cfg.checkpoint)
@@ -665,7 +665,7 @@ def test_two_runs_racing_on_two_checkpoints_send_each_dead_letter_once_to_the_sh
         return found
 
     queue._held = read_then_lose_the_race
-    with caplog.at_level(logging.INFO, "kafka_delta.sinks.dead_letters"):
+    with caplog.at_level(logging.INFO, "kafka_delta.dead_letters"):
         with pytest.raises(Exception) as fenced:  # Spark's, carrying the engine's sentence
             loser.run()
     assert raced

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chispa import assert_df_equality
 
-from kafka_delta.sinks.upsert import latest_per_key
+from kafka_delta.upsert import latest_per_key
 
 pytestmark = pytest.mark.spark
 

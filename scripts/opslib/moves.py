@@ -372,7 +372,7 @@ def add_partitions(world: World, model: Model, rng: random.Random, topic: int) -
 def delete_table(world: World, model: Model, rng: random.Random, table: int) -> str:
     """One table of several deleted (by mistake, or to fill it again). On a checkpoint with
     committed batches the next run must refuse with its sentence (restore the table, or delete
-    the checkpoint to re-read it from Kafka's earliest offsets, the other tables skipping what
+    the checkpoint to re-read it from Kafka's earliest offsets, the other tables passing over what
     they hold), and the operator does the second; on a new checkpoint the run does that at
     once. Either way the table then holds what Kafka holds, once."""
     name = world.tables[table % len(world.tables)]

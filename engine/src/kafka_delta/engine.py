@@ -165,7 +165,7 @@ class Sink(Protocol):
         """The positions ``(topic, partition, offset)`` of ``dead`` (dead letters) that the
         table at ``table_uri`` (this sink's: the dead-letter table) already holds for the same
         topic (``topic_ids``: the batch's), read the way this sink reads its table; see
-        :mod:`kafka_delta.sinks.dead_letters`, whose queue asks."""
+        :mod:`kafka_delta.dead_letters`, whose queue asks."""
         ...
 
 

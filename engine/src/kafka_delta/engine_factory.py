@@ -8,13 +8,13 @@ import importlib
 from pyspark.sql import SparkSession
 
 from kafka_delta.config import PipelineConfig
+from kafka_delta.dead_letters import DeadLetterQueue
 from kafka_delta.engine import Engine, Source, WriteMode
 from kafka_delta.runtime.connectors import (
     ConnectorMissingError,
     missing_connectors,
     required_connectors,
 )
-from kafka_delta.sinks.dead_letters import DeadLetterQueue
 
 
 def build_source(config: PipelineConfig) -> Source:

@@ -36,6 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 import kafka_delta.crash_points as crash_points
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import Transform, load_transform, passthrough, warn_without_positions
+from kafka_delta.dead_letters import DeadLetterError
 from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult
 from kafka_delta.engine_factory import build_engine_parts, build_source
 from kafka_delta.kafka.admin import KafkaAdmin
@@ -63,8 +64,7 @@ from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
 from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, query_name, start_query
 from kafka_delta.runtime.spark_session import is_connect, streaming_query_id
-from kafka_delta.sinks.dead_letters import DeadLetterError
-from kafka_delta.sinks.upsert import latest_per_key
+from kafka_delta.upsert import latest_per_key
 
 log = logging.getLogger(__name__)
 

@@ -59,9 +59,9 @@ from kafka_delta.contract import (
     RAW_VALUE,
     Transform,
 )
+from kafka_delta.dead_letters import DeadLetterQueue
 from kafka_delta.engine import Engine, SinkResult
 from kafka_delta.offsets.model import BatchCommit, Offsets, StoredOffsets, app_id
-from kafka_delta.sinks.dead_letters import DeadLetterQueue
 
 
 class RoutingError(ValueError):

@@ -17,7 +17,7 @@ Each row carries its ``op`` in :data:`~kafka_delta.contract.OP_COLUMN`; a tombst
 one merge key) and whose other columns are null. Upsert mode then keeps the latest change of
 each key (by Kafka offset: Debezium keys records by the primary key, so a row's changes share a
 partition, in the order the database made them) and MERGEs it: ``d`` deletes, anything else
-upserts (:mod:`kafka_delta.sinks.upsert`).
+upserts (:mod:`kafka_delta.upsert`).
 
 The records are decoded once for every table of the pipeline, and ``tombstones`` is each
 table's own: when a table deletes by tombstones, the decoder reads every row whose key names it

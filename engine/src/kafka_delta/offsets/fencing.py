@@ -2,7 +2,7 @@
 
 One rule, applied by both sinks inside their commit (atomically, see each sink) and before any task
 runs (``Sink.check``). It guards the **main table** only: the dead-letter table keeps its own rule,
-by position (:mod:`kafka_delta.sinks.dead_letters`), because a rewind legitimately re-reads ranges
+by position (:mod:`kafka_delta.dead_letters`), because a rewind legitimately re-reads ranges
 whose dead letters are already there. What fences that rule is the pipeline's commit number (the
 fence txn's ``seq``): a dead-letter commit lands only on top of the commit the positions were read
 after (:func:`check_unmoved`), so no record is sent twice, whichever run or table sends it.

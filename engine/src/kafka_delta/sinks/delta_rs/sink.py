@@ -63,6 +63,14 @@ from pyspark.sql.types import StructType
 
 import kafka_delta.crash_points as crash_points
 from kafka_delta.contract import DEAD_LETTER_COLUMN
+from kafka_delta.dead_letters import (
+    POSITION,
+    TOPIC_ID,
+    TopicIds,
+    held_among,
+    require_dead_letter_positions,
+    split_dead_letters,
+)
 from kafka_delta.delta.rs_offset_store import newest_stored_in, open_table
 from kafka_delta.delta.schema import (
     SchemaMismatchError,
@@ -83,14 +91,6 @@ from kafka_delta.offsets.model import (
     partitions_of,
 )
 from kafka_delta.offsets.stored import newest_stored
-from kafka_delta.sinks.dead_letters import (
-    POSITION,
-    TOPIC_ID,
-    TopicIds,
-    held_among,
-    require_dead_letter_positions,
-    split_dead_letters,
-)
 from kafka_delta.sinks.delta_rs.file_writer import (
     DEAD_LETTER_FIELDS,
     DEFAULT_STATS_COLUMNS,
@@ -105,7 +105,7 @@ from kafka_delta.sinks.delta_rs.file_writer import (
     write_files,
 )
 from kafka_delta.sinks.delta_rs.jvm_writer import can_write, write_with_spark
-from kafka_delta.sinks.upsert import merge_clauses, upserted_arrow, upserted_frame
+from kafka_delta.upsert import merge_clauses, upserted_arrow, upserted_frame
 
 # Properties of the tables this sink creates. A Delta checkpoint every 10 commits, as delta-spark
 # does by default (delta-rs: 100): every open of the table (three per batch) replays at most 10
@@ -573,7 +573,7 @@ class DeltaRsSink:
         return table.version() + 1
 
     def _merge(self, table: DeltaTable, data: pa.Table, properties: CommitProperties) -> int:
-        """One MERGE of the batch's latest change per key (:func:`..upsert.merge_clauses`:
+        """One MERGE of the batch's latest change per key (:func:`kafka_delta.upsert.merge_clauses`:
         ``_op`` d deletes, anything else upserts, ``_op`` itself is not written)."""
         clauses = merge_clauses(self.mode, data.column_names)
         merger = table.merge(

@@ -67,6 +67,15 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 import kafka_delta.crash_points as crash_points
+from kafka_delta.dead_letters import (
+    CLEAN_WRITE_MARK,
+    POSITION,
+    TOPIC_ID,
+    TopicIds,
+    clean_rows,
+    held_among,
+    split_dead_letters_df,
+)
 from kafka_delta.delta.commit_copies import CommitCopies
 from kafka_delta.delta.schema import fit_to_table, narrower_columns
 from kafka_delta.delta.spark_commit import append_options, delta_txn_confs, lost_race
@@ -87,17 +96,8 @@ from kafka_delta.offsets.model import (
     partitions_of,
 )
 from kafka_delta.offsets.stored import TableLog, read_stored
-from kafka_delta.sinks.dead_letters import (
-    CLEAN_WRITE_MARK,
-    POSITION,
-    TOPIC_ID,
-    TopicIds,
-    clean_rows,
-    held_among,
-    split_dead_letters_df,
-)
 from kafka_delta.sinks.delta_spark.widening import widen_columns
-from kafka_delta.sinks.upsert import MergeClauses, merge_clauses, upserted_frame
+from kafka_delta.upsert import MergeClauses, merge_clauses, upserted_frame
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,10 @@ def merge_statement(
     target: str, view: str, columns: list[str], clauses: MergeClauses, on: str
 ) -> str:
     """Delta's ``MERGE INTO`` SQL of the view ``view`` (alias ``s``) into ``target`` (alias
-    ``t``) by :func:`..upsert.merge_clauses`, the delta-rs sink's rule: WHEN MATCHED AND the
-    delete predicate THEN DELETE, then UPDATE and INSERT of every column but ``except_cols``
-    (``SET *`` / ``INSERT *`` when none is left out; else the columns are named, which schema
-    evolution (autoMerge) follows for columns the table lacks)."""
+    ``t``) by :func:`kafka_delta.upsert.merge_clauses`, the delta-rs sink's rule: WHEN
+    MATCHED AND the delete predicate THEN DELETE, then UPDATE and INSERT of every column but
+    ``except_cols`` (``SET *`` / ``INSERT *`` when none is left out; else the columns are
+    named, which schema evolution (autoMerge) follows for columns the table lacks)."""
     parts = [f"MERGE INTO {target} AS t USING `{view}` AS s ON {on}"]
     if clauses.delete is not None:
         parts.append(f"WHEN MATCHED AND ({clauses.delete}) THEN DELETE")
