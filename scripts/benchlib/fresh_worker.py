@@ -155,10 +155,11 @@ def work_fresh_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
         def _fence(self, *args: Any) -> Any:
             return timed("check", super()._fence)(*args)
 
-        def _report(self, *args: Any) -> Any:
-            return timed("report", super()._report)(*args)
-
     pipeline = StepTimedPipeline(spark, config)
+    if hasattr(pipeline, "progress"):
+        pipeline.progress.report = timed("report", pipeline.progress.report)
+    else:  # A0's engine (--freshness-before) may predate kafka_delta.progress.run_progress
+        pipeline._report = timed("report", pipeline._report)
     for run in pipeline.tables:
         sink = run.engine.sink
         sink.materialize = timed("write", sink.materialize)

@@ -30,14 +30,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import kafka_delta.crash_points as crash_points
 from kafka_delta.config import PipelineConfig
 from kafka_delta.contract import Transform, load_transform, passthrough, warn_without_positions
 from kafka_delta.dead_letters import DeadLetterError
-from kafka_delta.engine import DeadLettersFound, Engine, Materialized, Sink, SinkResult
+from kafka_delta.engine import DeadLettersFound, Engine
 from kafka_delta.engine_factory import build_engine_parts, build_source
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.kafka.commit_back import OffsetCommitter
@@ -60,9 +60,10 @@ from kafka_delta.routing import (
     without_held,
 )
 from kafka_delta.routing import table_batch as plan_table_batch
+from kafka_delta.runtime.connect_server_copy import ServerCopy
 from kafka_delta.runtime.graceful_stop import StopGate
 from kafka_delta.runtime.python_workers import warm_up
-from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, query_name, start_query
+from kafka_delta.runtime.run_loop import RunLoop, TriggerNotSupportedError, start_query
 from kafka_delta.runtime.spark_session import is_connect, streaming_query_id
 from kafka_delta.upsert import latest_per_key
 
@@ -78,7 +79,7 @@ __all__ = [
 ]
 
 
-class Pipeline:
+class Pipeline(ServerCopy):
     """A configured streaming query. ``run()`` blocks until caught up (availableNow) or until
     :meth:`request_stop` (processing time); either way the commit-back hook is flushed."""
 
@@ -112,7 +113,8 @@ class Pipeline:
         self.admin = KafkaAdmin(config.kafka.client_config())
         # Spark Connect (serverless, standard access): the batch function runs in a Python
         # process the server starts, and reports each batch back through the checkpoint
-        # location (kafka_delta.progress.mailbox); see __getstate__.
+        # location (kafka_delta.progress.mailbox): the pipeline's copy there is
+        # kafka_delta.runtime.connect_server_copy's.
         self.remote = is_connect(spark)
         self._worker = False  # True in the batch function's copy in the Connect server
         self._held_batch: DataFrame | None = None
@@ -140,65 +142,12 @@ class Pipeline:
         # The tables whose transform output was checked for Kafka positions (once per run).
         self._positions_checked: set[str] = set()
 
-    # -- Spark Connect: the batch function in the server's Python process -------------------
-
-    # What only the process that started the run holds: its session, its Kafka clients, its
-    # listeners and stop gate, the query handle, the run loop. None of it crosses to the batch
-    # function's process under Spark Connect, which builds its own Kafka admin client and
-    # reports each batch back (BatchMailbox); the process that started the run commits the
-    # group's offsets, logs the progress line and calls the listeners, as a classic run does.
-    # The run's progress crosses without its own driver-only parts (RunProgress.__getstate__).
-    _DRIVER_ONLY = ("spark", "admin", "_gate", "_query", "run_loop")
-
-    def __getstate__(self) -> dict[str, object]:
-        state = {k: v for k, v in self.__dict__.items() if k not in self._DRIVER_ONLY}
-        state["checkpoint"] = CheckpointLog(None, self.config.checkpoint, lazy_spark=True)
-        # The engines hold this process's session (the delta-spark sink, its tables): the
-        # batch function's process builds its own on its own session (_bind), keeping where
-        # each table stands.
-        state["tables"] = [replace(run, engine=None, dead_letters=None) for run in self.tables]
-        state["engine"] = state["dead_letters"] = None
-        return state
-
-    def _bind(self, spark: SparkSession) -> None:
-        """In the Connect server's process, at the first batch: the session, and the engine
-        parts built on it, as the run's own process built them."""
-        self.spark = spark
-        self.checkpoint.spark = spark
-        source = build_source(self.config)
-        for run in self.tables:
-            run.engine, run.dead_letters = build_engine_parts(spark, run.config, source)
-        self.engine = self.tables[0].engine
-        self.dead_letters = self.tables[0].dead_letters
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self.spark = None  # type: ignore[assignment]  (each batch's DataFrame brings it)
-        self.admin = KafkaAdmin(self.config.kafka.client_config())
-        self._gate = StopGate()
-        self._query = None
-        self.run_loop = None  # type: ignore[assignment]  (the run is the other process's)
-        self.progress.attach(self.admin, self._gate)
-        self._worker = True
-
     # -- set-up -----------------------------------------------------------------------------
-
-    @property
-    def query_name(self) -> str:
-        return query_name(self.config)
 
     @property
     def summary(self) -> RunSummary:
         """What the run did so far (:meth:`run` returns it at its end)."""
         return self.progress.summary
-
-    @property
-    def sink(self) -> Sink:
-        return self.engine.sink
-
-    @property
-    def dead_letter_sink(self) -> Sink | None:
-        return self.engine.dead_letter_sink
 
     def start(self) -> StreamingQuery:
         """Starts the query where the run starts (:class:`.resume.ResumePlanner`, after judging
@@ -245,16 +194,8 @@ class Pipeline:
     def _gated_batch(self, df: DataFrame, batch_id: int) -> None:
         """The batch function Spark calls: :meth:`_process_batch`, and after it the query is
         stopped if a stop was requested (see :mod:`kafka_delta.runtime.graceful_stop`)."""
-        if self.spark is None:  # in the Connect server's Python process
-            self._bind(df.sparkSession)
-        if self._worker:
-            # A Connect batch DataFrame releases its server-side relation in __del__, by a call
-            # to the server. Made as pyspark's worker drops the DataFrame after this function
-            # returned, that call was seen to block for good under load (the worker, and the
-            # query with it; most often on a replayed batch). Held here until the next batch,
-            # the previous one is released during a batch, while the server serves this
-            # function's calls; the last one goes with the query.
-            self._held_batch = df
+        if self._worker:  # in the Connect server's Python process
+            self._in_server(df)
         self._gate.enter()
         succeeded = False
         try:
@@ -284,7 +225,9 @@ class Pipeline:
             read.release()
         crash_points.reached("after_delta_commit")
         group = self._store_ends(table_batches, end)
-        self._report(batch_id, table_batches, end, group, read.observation, started, clock)
+        # The batch's progress, the commit back and the progress line, in the process that
+        # started the run.
+        self.progress.report(batch_id, table_batches, end, group, read.observation, started, clock)
 
     def _plan_ends(self, df: DataFrame, batch_id: int) -> tuple[Offsets, list[TableBatch]]:
         """The batch's end offsets, as the checkpoint planned them, and each table's share of
@@ -355,12 +298,22 @@ class Pipeline:
                 written = sink.materialize(out, split=split)
             try:
                 with clock.step("materialize"):
-                    table_batch.dead_letters = self._send_dead_letters(
-                        table_batch, records, written
+                    # The dead letters go to their table before the table's own commit, found
+                    # again by position in the records the table read.
+                    table_batch.dead_letters = (
+                        0
+                        if written.dead is None
+                        else run.dead_letters.send(records, written.dead, table_batch.commit)
                     )
                 crash_points.reached("before_delta_commit")
                 with clock.step("commit"):
-                    table_batch.result = self._commit(table_batch, written)
+                    # The table's one Delta commit of the batch: its rows, txn and offsets.
+                    table_batch.result = sink.commit_batch(
+                        written.rows,
+                        table_batch.commit,
+                        start=table_batch.start,
+                        first_reads=table_batch.first_reads,
+                    )
                 clock.add("read_back", table_batch.result.read_back_s)
             except DeadLettersFound as found:
                 if split:
@@ -395,26 +348,6 @@ class Pipeline:
             out = out.transform(latest_per_key(mode.merge_keys, mode.order_by))
         return out
 
-    @staticmethod
-    def _send_dead_letters(
-        table_batch: TableBatch, records: DataFrame, written: Materialized
-    ) -> int:
-        """The table's dead letters to its dead-letter table, before its own commit; found
-        again by position in the records the table read. How many were sent."""
-        if written.dead is None:
-            return 0
-        return table_batch.run.dead_letters.send(records, written.dead, table_batch.commit)
-
-    @staticmethod
-    def _commit(table_batch: TableBatch, written: Materialized) -> SinkResult:
-        """The table's one Delta commit of the batch: its rows, txn and offsets."""
-        return table_batch.run.engine.sink.commit_batch(
-            written.rows,
-            table_batch.commit,
-            start=table_batch.start,
-            first_reads=table_batch.first_reads,
-        )
-
     def _store_ends(self, table_batches: Sequence[TableBatch], end: Offsets) -> Offsets:
         """Where each table stands after the batch, and the group's offsets: what every table
         that reads a partition holds (one table: the batch's end offsets)."""
@@ -425,20 +358,6 @@ class Pipeline:
         written = any(table_batch.result.written for table_batch in table_batches)
         self.positions.stored(group, written)
         return group
-
-    def _report(
-        self,
-        batch_id: int,
-        table_batches: Sequence[TableBatch],
-        end: Offsets,
-        group: Offsets,
-        observation: Observation | None,
-        started: float,
-        clock: StepClock | None = None,
-    ) -> None:
-        """The batch's progress, the commit back and the progress line, in the process that
-        started the run (:meth:`.progress.run_progress.RunProgress.report`)."""
-        self.progress.report(batch_id, table_batches, end, group, observation, started, clock)
 
     # -- running ----------------------------------------------------------------------------
 

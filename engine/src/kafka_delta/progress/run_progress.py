@@ -117,8 +117,8 @@ class RunProgress:
 
     # -- Spark Connect: the batch function in the server's Python process -------------------
 
-    # What only the process that started the run holds (kafka_delta.pipeline.Pipeline's
-    # __getstate__ says why): its Kafka clients, its listeners and stop gate, the reporter.
+    # What only the process that started the run holds (kafka_delta.runtime.connect_server_copy
+    # says why): its Kafka clients, its listeners and stop gate, the reporter.
     _DRIVER_ONLY = ("admin", "gate", "committer", "listeners", "_mailbox", "_reporter")
 
     def __getstate__(self) -> dict[str, object]:
