@@ -62,10 +62,10 @@ def plain_pipeline(base: type, txn: bool = False) -> type:
 
         def _process_batch(self, df: Any, batch_id: int) -> None:
             started = time.perf_counter()
-            batch = self.sink.materialize(self.transform(df), split=True)
+            batch = self.engine.sink.materialize(self.transform(df), split=True)
             try:
                 ident = (self.config.pipeline_id, batch_id) if txn else None
-                rows = self.append(self.sink, batch.rows, ident)
+                rows = self.append(self.engine.sink, batch.rows, ident)
             finally:
                 batch.release()
             self.summary.batches += 1
