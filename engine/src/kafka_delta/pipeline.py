@@ -106,9 +106,8 @@ class Pipeline(ServerCopy):
         self.tables: list[TableRun] = table_runs(
             config.table_configs(), lambda view: build_engine_parts(spark, view, source)
         )
-        # The first table's parts (the only table's, for a pipeline of one table).
+        # The first table's engine (the only table's, for a pipeline of one table).
         self.engine: Engine = self.tables[0].engine
-        self.dead_letters = self.tables[0].dead_letters
         self.checkpoint = CheckpointLog(spark, config.checkpoint)
         self.admin = KafkaAdmin(config.kafka.client_config())
         # Spark Connect (serverless, standard access): the batch function runs in a Python

@@ -39,7 +39,7 @@ class ServerCopy:
         # The engines hold this process's session (the delta-spark sink, its tables): the
         # batch function's process builds its own on its own session (_bind).
         state["tables"] = [replace(run, engine=None, dead_letters=None) for run in self.tables]
-        state["engine"] = state["dead_letters"] = None
+        state["engine"] = None
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -75,4 +75,3 @@ class ServerCopy:
         for run in self.tables:
             run.engine, run.dead_letters = build_engine_parts(spark, run.config, source)
         self.engine = self.tables[0].engine
-        self.dead_letters = self.tables[0].dead_letters
