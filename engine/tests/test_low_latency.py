@@ -59,8 +59,11 @@ def _idle_reader(bootstrap: str, topic: str) -> KafkaStreamReader:
 
 
 def test_an_idle_source_plans_records_that_arrive_while_it_waits(
-    kafka_bootstrap, new_topics
+    kafka_bootstrap, new_topics, monkeypatch
 ) -> None:
+    # The wait ends as soon as the records are there; its bound is only the test's patience, so
+    # a producer slowed by a loaded machine (CI, two cores) still lands inside it.
+    monkeypatch.setattr(kafka_datasource, "IDLE_WAIT_S", 60.0)
     (topic,) = new_topics(1, partitions=2)
     produce_events(kafka_bootstrap, [topic], 10)
     reader = _idle_reader(kafka_bootstrap, topic)
@@ -74,7 +77,9 @@ def test_an_idle_source_plans_records_that_arrive_while_it_waits(
         end = reader.latestOffset(start, ReadAllAvailable())
     finally:
         later.join()
-    assert sum(end[topic].values()) == 14
+    # It plans as soon as one partition moved: the four records may reach the two partitions'
+    # ends one look apart, so the answer holds some of them or all.
+    assert 10 < sum(end[topic].values()) <= 14
 
 
 def test_an_idle_source_answers_nothing_new_after_its_bounded_wait_asking_only_the_ends(
