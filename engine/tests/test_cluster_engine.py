@@ -403,15 +403,15 @@ def _ids(spark, *ids: int):
     return spark.createDataFrame([(i,) for i in ids], "id long")
 
 
-def test_a_delta_spark_append_reads_the_history_once_a_step_and_counts_no_rows(
+def test_a_delta_spark_append_reads_the_history_once_and_its_commit_costs_the_plain_writes_jobs(
     spark, tmp_path: Path
 ) -> None:
     # Reading delta-spark's history is a Spark job of its own (DeltaHistoryManager reads the
     # commit files in one, through DESCRIBE HISTORY as through DeltaTable.history()): the check
     # reads ONE page of it and nothing else (whether the table exists is the page itself), and
-    # the commit costs the write's jobs (the same as the plain append Databricks documents for
-    # foreachBatch) plus one page read back, from which the commit's rows come (its
-    # operationMetrics), never a count and never a second reading.
+    # the commit costs the write's jobs, the same as the plain append Databricks documents for
+    # foreachBatch: the session that ran it says it committed and where, and the rows come from
+    # an observation in the write's own job (CommitWatch), never a count nor the log read back.
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     plain = str(tmp_path / "plain")
     sink = new_sink()
@@ -439,7 +439,8 @@ def test_a_delta_spark_append_reads_the_history_once_a_step_and_counts_no_rows(
 
     assert not replay and len(check_jobs) == 1, check_jobs
     assert result.written and result.rows == 2 and result.delta_version == 1
-    assert plain_jobs and len(sink_jobs) == len(plain_jobs) + 1, (sink_jobs, plain_jobs)
+    assert result.read_back_s == 0.0
+    assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
     # A replay is recognised by the same one reading.
     replay, replay_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
@@ -452,8 +453,8 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
     # What a steady batch reads of the table may not grow with its versions: past the first
     # pages of history (3, 20) and two Delta checkpoints (every 10 commits), the check still
     # reads ONE small page (3 commits: a history read is a Spark job whose tasks open every
-    # commit file of the page) and the commit ONE page back (never the whole history, never a
-    # second page), and materializing analyses the table once. Every analysis and every
+    # commit file of the page), the commit none (its session says where it landed), and
+    # materializing analyses the table once. Every analysis and every
     # history read brings the snapshot up to date, a listing of the log folder, which on a local
     # or Hadoop file system costs more the longer the log: their number per batch is what the
     # sink controls.
@@ -487,8 +488,8 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
     written.release()
 
     assert result.written and result.rows == 2 and result.delta_version == 21
-    assert pages == [3, 3], pages
-    assert result.read_back_s > 0
+    assert pages == [3], pages
+    assert result.read_back_s == 0.0
     assert len(list((Path(uri) / "_delta_log").glob("*.checkpoint.parquet"))) == 2
 
 
@@ -507,7 +508,7 @@ def test_a_clean_delta_spark_batch_is_read_and_written_by_the_writes_own_job(
     # A clean append is not cached nor scanned for dead letters by a job of its own: the
     # write's job reads, transforms and writes it (a dead letter would fail that job before
     # the commit). So the commit costs what the plain foreachBatch write of the same rows
-    # costs, plus the one page of history read back, and materializing costs no job.
+    # costs, and materializing costs no job.
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     plain = str(tmp_path / "plain")
     sink = new_sink()
@@ -538,7 +539,7 @@ def test_a_clean_delta_spark_batch_is_read_and_written_by_the_writes_own_job(
     )
 
     assert written.dead is None and materialize_jobs == [], materialize_jobs
-    assert plain_jobs and len(sink_jobs) == len(plain_jobs) + 1, (sink_jobs, plain_jobs)
+    assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
     assert result.written and result.rows == 3 and result.delta_version == 1
     table = spark.read.format("delta").load(uri)
     assert "_error" not in table.columns
@@ -590,7 +591,9 @@ def test_a_dead_letter_after_clean_batches_lands_once_and_every_batch_counts_wha
     # its clean write fails before its commit and the batch is checked, split, its dead letter
     # sent and committed; batch 2 is split from the start. Every record lands exactly once,
     # the dead letter once, and each batch's progress counts the records it read (the failed
-    # job's partial count is not taken).
+    # job's partial count is not taken). Inside foreachBatch the batch's session tells each
+    # commit's version and the rows come from the write's own job: no batch reads its table's
+    # log back (CommitWatch; a read-back is a Spark job, timed apart as the step read_back).
     import json as _json
 
     from deltalake import DeltaTable
@@ -629,6 +632,8 @@ def test_a_dead_letter_after_clean_batches_lands_once_and_every_batch_counts_wha
         (3, 2, 1),
         (3, 3, 0),
     ]
+    assert [b.delta_version for b in progress] == [0, 1, 2]
+    assert [(b.steps or {}).get("read_back") for b in progress] == [0.0, 0.0, 0.0], progress
     assert cfg.dead_letter_table is not None
     letters = DeltaTable(cfg.dead_letter_table).to_pyarrow_table().to_pylist()
     assert [(r["offset"], r["value"]) for r in letters] == [(4, b"{not json")]
@@ -760,4 +765,78 @@ def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_not
     with pytest.raises(FencingError, match="lost to a concurrent run"):
         run_b.commit_batch(_ids(spark, 20, 30), late, {"o": {0: 1}})
 
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+
+
+def test_an_upsert_overtaken_after_its_check_is_fenced_though_its_session_committed_before(
+    spark, tmp_path: Path
+) -> None:
+    # A MERGE's rows are counted before it, so only the session's last commit version tells
+    # whether it committed (CommitWatch): that version must be unset before the MERGE, or a
+    # MERGE delta-spark skipped (its fence seq already used) takes the session's previous
+    # commit, here run A's, for its own and claims the batch written.
+    from conftest import skip_without_connectors
+
+    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
+    from kafka_delta.engine import WriteMode
+    from kafka_delta.offsets.fencing import FencingError
+    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
+
+    uri = str(tmp_path / "table")
+    upsert = WriteMode("upsert", keys=("id",))
+
+    def new_sink() -> DeltaSparkSink:
+        return DeltaSparkSink(spark, uri, "p", upsert, checkpoint=str(tmp_path / "checkpoint"))
+
+    run_a, run_b = new_sink(), new_sink()
+    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
+    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
+    assert not run_b.check(late, {"o": {0: 1}})
+    taken = run_a.commit_batch(
+        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
+    )
+    assert taken.written and taken.delta_version == 1 and taken.read_back_s == 0.0
+
+    with pytest.raises(FencingError, match="lost to a concurrent run"):
+        run_b.commit_batch(_ids(spark, 1, 20), late, {"o": {0: 1}})
+
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+
+
+def test_a_commit_of_another_writer_in_the_batchs_session_is_never_taken_for_the_batchs(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch's session is its own inside foreachBatch; were another writer to commit in it
+    # while delta-spark skipped the batch's write, the session's last commit version would be
+    # that writer's. The rows observed in the write's own job are the second proof: a skipped
+    # write never runs it, so its observation stays unset, and after a bounded wait (not
+    # Observation.get's unbounded one: the batch would hang) the log is read back.
+    import kafka_delta.delta.spark_commit as spark_commit
+    from kafka_delta.delta.spark_table import SparkTable
+    from kafka_delta.offsets.fencing import FencingError
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    run_a, run_b = new_sink(), new_sink()
+    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
+    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
+    assert not run_b.check(late, {"o": {0: 1}})
+    run_a.commit_batch(
+        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
+    )
+    other = str(tmp_path / "other")
+    for version in range(3):  # the other table's next commit is version 3: above the stored 1
+        _ids(spark, version).write.format("delta").mode("append").save(other)
+    real_save = SparkTable.save
+
+    def save_then_another_writer_commits(table: SparkTable, writer) -> None:
+        real_save(table, writer)
+        _ids(spark, 99).write.format("delta").mode("append").save(other)
+
+    monkeypatch.setattr(SparkTable, "save", save_then_another_writer_commits)
+    monkeypatch.setattr(spark_commit, "OBSERVED_WAIT_S", 1.0)
+
+    with pytest.raises(FencingError, match="lost to a concurrent run"):
+        run_b.commit_batch(_ids(spark, 20, 30), late, {"o": {0: 1}})
+
+    assert spark.conf.get(spark_commit.LAST_COMMIT_CONF) == "3"
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]

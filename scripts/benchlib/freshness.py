@@ -22,10 +22,11 @@ runs on at the same rate after the window until Spark's checkpoint records a bat
 offsets cover the window's last records (at most ``--freshness-tail-max`` seconds); only the
 window's records are measured, and a window record not committed by then counts as lost.
 
-``--freshness-before REV`` adds side A0 before A at each rate: A's worker on the engine as it was
-at git revision REV (exported from this repository into the output folder and put first on the
-worker's PYTHONPATH), with ``--freshness-before-trigger``: the step shares of one small batch
-before and after a change, from one run on one machine state.
+``--freshness-before REV`` adds side A0 before A at each rate (when A runs): A's worker on the
+engine as it was at git revision REV (exported from this repository into the output folder and
+put first on the worker's PYTHONPATH), with ``--freshness-before-trigger``: the step shares of
+one small batch before and after a change, from one run on one machine state. B0 joins B the
+same way: the cluster engine of REV.
 
 ``--freshness-compact-every S`` turns on the run's own compaction on A and B
 (``maintenance.compact_every_seconds``); on every side the table's live files are counted every
@@ -59,9 +60,12 @@ REPO = Path(__file__).resolve().parents[2]
 SIDES = {
     "A0": "project, embedded engine, before",
     "A": "project, embedded engine",
+    "B0": "project, cluster engine (jars), before",
     "B": "project, cluster engine (jars)",
     "C": "hand-written readStream kafka > writeStream delta",
 }
+# The sides on the engine of --freshness-before.
+BEFORE = {"A0", "B0"}
 CLUSTER_ENGINE = "cluster"
 # The producer sends what is due every TICK_S: a steady rate, not bursts.
 TICK_S = 0.005
@@ -283,6 +287,10 @@ class FreshnessRun:
         if side == "B":
             spec.update(engine=CLUSTER_ENGINE, trigger=self.trigger(), jars=jars, **compact)
             return "fresh_pipeline", spec
+        if side == "B0":
+            trigger = json.loads(self.args.freshness_before_trigger)
+            spec.update(engine=CLUSTER_ENGINE, trigger=trigger, jars=jars)
+            return "fresh_pipeline", spec
         return "fresh_idiom", {**spec, "jars": jars}
 
     def before_env(self) -> dict[str, str]:
@@ -322,7 +330,7 @@ class FreshnessRun:
         b.produce_mod.ensure_topics(b.bootstrap, [topic], a.partitions)
         outcome: dict[str, Any] = {}
 
-        env = self.before_env() if side == "A0" else b.env
+        env = self.before_env() if side in BEFORE else b.env
 
         def work() -> None:
             try:
@@ -408,7 +416,8 @@ class FreshnessRun:
             f"{', '.join(f'{r:,}' for r in a.freshness_rates)} records/s, sides "
             f"{','.join(a.freshness_sides)}; trigger of A and B: {a.freshness_trigger}"
         )
-        sides = (["A0"] if a.freshness_before else []) + a.freshness_sides
+        before = [f"{side}0" for side in ("A", "B") if side in a.freshness_sides]
+        sides = (before if a.freshness_before else []) + a.freshness_sides
         for rate in a.freshness_rates:
             for side in sides:
                 self.rows.append(self.measure(side, rate))
@@ -542,7 +551,7 @@ def _sides(text: str) -> list[str]:
     import argparse
 
     sides = [s.strip().upper() for s in text.split(",") if s.strip()]
-    if not sides or set(sides) - set(SIDES) - {"A0"} or "A0" in sides:
+    if not sides or set(sides) - set(SIDES) - BEFORE or BEFORE & set(sides):
         raise argparse.ArgumentTypeError(f"sides are A, B and C, got {text!r}")
     return sides
 
@@ -602,13 +611,13 @@ def add_options(parser: Any) -> None:
     group.add_argument(
         "--freshness-before",
         metavar="REV",
-        help="add side A0 before A: A on the engine of this git revision (a step's share "
-        "before and after a change, in one run)",
+        help="add side A0 before A (and B0 before B when B runs): A (B) on the engine of this "
+        "git revision (a step's share before and after a change, in one run)",
     )
     group.add_argument(
         "--freshness-before-trigger",
         default='{"mode": "processing_time", "interval_seconds": 0.001}',
-        help="A0's trigger (default the fastest an engine without interval 0 takes)",
+        help="A0's and B0's trigger (default the fastest an engine without interval 0 takes)",
     )
 
 

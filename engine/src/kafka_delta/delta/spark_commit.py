@@ -2,8 +2,9 @@
 ``offsets reset`` command on its table: the fence txn and the record of an append (writer
 options, :func:`append_options`), the same three values for a MERGE, which takes no writer
 options (session confs set for that one command and restored afterwards even when it fails,
-:func:`delta_txn_confs`), and delta-spark's refusals of a commit that lost a race to another
-writer (:func:`lost_race`).
+:func:`delta_txn_confs`), delta-spark's refusals of a commit that lost a race to another
+writer (:func:`lost_race`), and whether a write committed, told by the session that ran it
+(:class:`CommitWatch`).
 
 delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
 ``txn(<pipeline>:fence, seq)`` with ``seq`` = the stored commit's seq + 1 (see
@@ -12,10 +13,11 @@ delta-spark's writer carries ONE txn per commit, and it is the pipeline's fence
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.offsets.model import BatchCommit, fence_app_id
 
@@ -23,6 +25,10 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
+# Set by delta-spark, in the session that ran it, to the version each commit made (of any table).
+LAST_COMMIT_CONF = "spark.databricks.delta.lastCommitVersionInSession"
+# How long a commit's observed row count is waited for (CommitWatch._observed_rows).
+OBSERVED_WAIT_S = 30.0
 
 
 def append_options(commit: BatchCommit) -> dict[str, str]:
@@ -83,3 +89,69 @@ LOST_RACE = (
 def lost_race(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return any(mark in text for mark in LOST_RACE)
+
+
+class CommitWatch:
+    """Whether one write of ``frame`` committed, and at which version, told by the session that
+    ran it instead of by reading the table's log back (a Spark job of its own, whose tasks open
+    every commit file of the page read).
+
+    delta-spark sets :data:`LAST_COMMIT_CONF` in the session that ran a commit, after the commit
+    landed. The watch unsets it before the write; set after it, the write committed, at that
+    version. Unset, the write committed nothing: delta-spark skipped it (its fence ``seq`` was
+    no longer above the stored one) and the caller reads the log back to learn why. The rows
+    come from an observation on the written frame (``count_rows``), collected by the write's own
+    job: delta-spark writes the data files before it commits, so a commit that landed ran it.
+
+    The session must be the batch's alone between the write and :meth:`committed`: inside
+    ``foreachBatch`` on a classic session it is the streaming query's own (Spark gives each query
+    a session of its own), and the engine writes a batch's tables one after the other. The sink
+    watches only there (:meth:`applies`); under Spark Connect the batch runs in the client's
+    session, which the run's other threads share (its compaction), so the log is read back."""
+
+    def __init__(self, frame: DataFrame, count_rows: bool) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        self.session = frame.sparkSession
+        self.observation = Observation() if count_rows else None
+        self.frame = (
+            frame
+            if self.observation is None
+            else frame.observe(self.observation, F.count(F.lit(1)).alias("rows"))
+        )
+        self.session.conf.unset(LAST_COMMIT_CONF)
+
+    @staticmethod
+    def applies(frame: DataFrame) -> bool:
+        from kafka_delta.runtime.spark_session import is_connect
+
+        return not is_connect(frame.sparkSession)
+
+    def committed(self) -> tuple[int, int | None] | None:
+        """(the version the write committed, its rows when counted); None when it committed
+        nothing, or when its rows are not observed within :data:`OBSERVED_WAIT_S`."""
+        version = self.session.conf.get(LAST_COMMIT_CONF, None)
+        if version is None:
+            return None
+        if self.observation is None:
+            return int(version), None
+        rows = self._observed_rows()
+        return None if rows is None else (int(version), rows)
+
+    def _observed_rows(self) -> int | None:
+        """The observed row count. Spark hands it over through its listener bus just after
+        the write's job, and ``Observation.get`` waits for it without a bound, so it is taken
+        in a thread of its own, waited for :data:`OBSERVED_WAIT_S`: a commit that was not this
+        write's (another writer in the session, which the engine never is) leaves the
+        observation unset, and the caller reads the log back instead of waiting forever."""
+        assert self.observation is not None
+        observation, got = self.observation, []
+        thread = threading.Thread(
+            target=lambda: got.append(int(observation.get["rows"])),
+            name="commit-watch",
+            daemon=True,
+        )
+        thread.start()
+        thread.join(OBSERVED_WAIT_S)
+        return got[0] if got else None

@@ -1,7 +1,9 @@
 """The pipeline's stored offsets in a table written with delta-spark, read through Spark alone.
 
-The sink reads the log twice a batch (its check, then the read-back that proves the commit is
-this batch's) and the offset store at every start, all through :class:`DeltaSparkLog`: the
+The sink reads the log before each batch (its check), again after it only when the batch's
+session cannot tell that its commit landed (the read-back that proves the commit is this
+batch's, :class:`kafka_delta.delta.spark_commit.CommitWatch`), and the offset store at every
+start, all through :class:`DeltaSparkLog`: the
 table's history (``DESCRIBE HISTORY``), its rows, and the commit copies beside the
 checkpoint. :func:`kafka_delta.offsets.stored.read_stored` reads the same commits it reads on a
 delta-rs table, so the guarantees do not depend on the engine.

@@ -22,7 +22,11 @@ writes the same fence appId, so delta-spark's conflict checker
 rejects the second of two concurrent commits (``ConcurrentTransactionException``), and a run
 whose ``seq`` another run already used is skipped by delta-spark itself. Either way the sink
 reads the pipeline's newest commit back and raises :class:`FencingError` unless it is this
-batch: two checkpoints of one pipeline can never both commit.
+batch: two checkpoints of one pipeline can never both commit. A write whose commit landed needs
+no reading back: inside ``foreachBatch`` on a classic session the batch's own session says
+whether its write committed and at which version, and an observation on the written frame
+counts its rows in the write's own job (:class:`kafka_delta.delta.spark_commit.CommitWatch`);
+the log is read back when it committed nothing, lost a race, or runs under Spark Connect.
 
 Idempotence (I2): a replay is recognised before writing from the identity ``(app_id,
 batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
@@ -35,7 +39,8 @@ commits from the table's history (:class:`kafka_delta.delta.spark_offset_store.T
 never its txn actions, which Spark cannot read (why replay, fencing and a new checkpoint need
 none: :mod:`kafka_delta.delta.spark_offset_store`). A table by name that does not exist is
 created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a commit wrote come
-from its own ``operationMetrics`` (read back with it), never from a count.
+from the observation on its frame, or from its own ``operationMetrics`` where it was read back,
+never from a count of their own.
 
 One job reads and writes a clean batch (append): a batch is written as clean (:meth:`materialize`
 hands the transform's output back with :func:`..dead_letters.clean_rows`: no cache, no job of its
@@ -78,7 +83,12 @@ from kafka_delta.dead_letters import (
 )
 from kafka_delta.delta.commit_copies import CommitCopies
 from kafka_delta.delta.schema import fit_to_table, narrower_columns
-from kafka_delta.delta.spark_commit import append_options, delta_txn_confs, lost_race
+from kafka_delta.delta.spark_commit import (
+    CommitWatch,
+    append_options,
+    delta_txn_confs,
+    lost_race,
+)
 from kafka_delta.delta.spark_offset_store import DeltaSparkLog, TableLogReader
 from kafka_delta.delta.spark_table import SparkTable, quoted_part
 from kafka_delta.engine import DeadLettersFound, Materialized, Rows, SinkResult, WriteMode
@@ -264,7 +274,8 @@ class DeltaSparkSink:
         dead-letter table's fence, :func:`..offsets.fencing.check_unmoved`): the commit lands
         only on top of that commit of the pipeline. Checked on the log read here; a commit of
         the pipeline after that read takes the ``seq`` this one writes, so delta-spark rejects or
-        skips this one and the read-back raises :class:`TableMovedError`."""
+        skips this one and the read-back raises :class:`TableMovedError`. A write that
+        committed, as its session tells, is read back from no log (:meth:`_landed`)."""
         # A batch that passed check() keeps what it read there: a run that commits in between
         # takes the fence seq this batch would write, so delta-spark skips this write and the
         # read-back below raises FencingError, exactly as for a race during the write itself.
@@ -288,12 +299,17 @@ class DeltaSparkSink:
         frame = self._frame(rows)
         # An upsert MERGEs a non-empty batch into an existing table; anything else appends.
         count = frame.count() if self.mode.kind == "upsert" and exists else None
+        # A batch's own frame, on a classic session: its session tells whether the write
+        # committed, and where, without reading the log back (CommitWatch).
+        watched = isinstance(rows, DataFrame) and CommitWatch.applies(frame)
+        watch: CommitWatch | None = None
         try:
             if count:
                 clauses = merge_clauses(self.mode, frame.columns)
                 target, on = self.table.sql_name(), self.mode.merge_predicate()
                 # The batch's own session runs the MERGE, so its confs carry the txn.
                 with delta_txn_confs(frame.sparkSession, commit, self.mode.add_columns):
+                    watch = CommitWatch(frame, count_rows=False) if watched else None
                     self.table.merge(
                         frame,
                         lambda view: merge_statement(target, view, frame.columns, clauses, on),
@@ -307,6 +323,9 @@ class DeltaSparkSink:
                     # By name, the catalog's table is made first (its columns, the sink's
                     # properties); by path the append below creates it.
                     self.table.create_if_missing(frame.schema)
+                if watched:
+                    watch = CommitWatch(frame, count_rows=True)
+                    frame = watch.frame
                 writer = (
                     frame.write.format("delta").mode("append").options(**append_options(commit))
                 )
@@ -326,6 +345,12 @@ class DeltaSparkSink:
                 raise
             first = str(exc).splitlines()[0][:200]
             log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, first)
+            watch = None
+        if watch is not None and (landed := self._landed(watch, stored, commit)) is not None:
+            version, observed = landed
+            rows_written = count if count is not None else observed
+            assert rows_written is not None
+            return SinkResult(written=True, rows=rows_written, delta_version=version)
         read_back = time.perf_counter()
         after_log, after = self._stored(commit, start)
         read_back_s = time.perf_counter() - read_back
@@ -336,11 +361,7 @@ class DeltaSparkSink:
         ):
             assert after.delta_version is not None
             # Only now, with the commit read back as this batch's, is the copy written.
-            crash_points.reached("before_commit_copy")
-            try:
-                self.copies.write(commit.seq, commit.user_metadata(), after.delta_version)
-            except Exception as exc:  # a hint: the next start writes it from the log again
-                log.warning("cannot keep the copy of commit %d: %s", commit.seq, exc)
+            self._keep_copy(commit, after.delta_version)
             if count is None:
                 assert after_log is not None
                 count = self._rows_committed(after.delta_version, frame, after_log)
@@ -364,6 +385,37 @@ class DeltaSparkSink:
             f"{after.describe() if after is not None else 'missing'}, not this batch (commit "
             f"{commit.seq} of {commit.app_id}). {RESTART}"
         )
+
+    def _landed(
+        self, watch: CommitWatch, stored: StoredOffsets | None, commit: BatchCommit
+    ) -> tuple[int, int | None] | None:
+        """(the version this batch's commit made, its rows when observed), told by the batch's
+        session (:class:`CommitWatch`), with its copy kept; None when the session saw no commit
+        of this write (delta-spark skipped it), and the log is read back.
+
+        A commit that landed is this batch's: it carries the batch's rows, txn and offsets in
+        one commit, and delta-spark committed it only with the fence ``seq`` above the stored
+        one and no commit of the same fence app id beside it, which is what the read-back's
+        answer "the pipeline's newest commit is this batch" establishes too. A version at or
+        below the stored commit's cannot be this write's: the log is read back."""
+        landed = watch.committed()
+        if landed is None:
+            return None
+        version, _ = landed
+        if stored is not None and stored.delta_version is not None:
+            if version <= stored.delta_version:
+                return None
+        self._keep_copy(commit, version)
+        return landed
+
+    def _keep_copy(self, commit: BatchCommit, version: int) -> None:
+        """The copy of the commit this batch made, beside the checkpoint (a hint: the next start
+        writes it from the log again when it cannot be kept now)."""
+        crash_points.reached("before_commit_copy")
+        try:
+            self.copies.write(commit.seq, commit.user_metadata(), version)
+        except Exception as exc:
+            log.warning("cannot keep the copy of commit %d: %s", commit.seq, exc)
 
     def positions_held(
         self,
