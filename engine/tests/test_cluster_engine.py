@@ -388,7 +388,7 @@ def test_connector_packages_ask_for_the_delta_artifact_built_for_the_installed_s
     assert builder._options["spark.jars.packages"] == packages[0]
 
 
-def _delta_spark_sink(spark, tmp_path: Path):
+def _delta_spark_sink(spark, tmp_path: Path, mode=None):
     from conftest import skip_without_connectors
 
     skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
@@ -396,7 +396,7 @@ def _delta_spark_sink(spark, tmp_path: Path):
 
     uri = str(tmp_path / "table")
     checkpoint = str(tmp_path / "checkpoint")
-    return uri, lambda: DeltaSparkSink(spark, uri, "p", checkpoint=checkpoint)
+    return uri, lambda: DeltaSparkSink(spark, uri, "p", mode, checkpoint=checkpoint)
 
 
 def _ids(spark, *ids: int):
@@ -747,6 +747,19 @@ def test_the_delta_spark_sink_keeps_fence_replay_and_read_back_with_deltalake_un
     assert list((tmp_path / "checkpoint.kafka_delta" / "p" / "commits").rglob("*.json"))
 
 
+def _overtaken(spark, run_a, run_b) -> tuple[BatchCommit, object]:
+    """Run B checks its batch 0 on top of run A's batch 0, then run A commits the same range
+    before run B writes: (run B's batch, run A's second result)."""
+    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
+    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
+    assert not run_b.check(late, {"o": {0: 1}})  # the table ends where run B starts...
+    # ...until run A commits the same range between run B's check and its write.
+    taken = run_a.commit_batch(
+        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
+    )
+    return late, taken
+
+
 def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_nothing(
     spark, tmp_path: Path
 ) -> None:
@@ -754,13 +767,7 @@ def test_a_delta_spark_run_that_another_run_overtakes_after_its_check_writes_not
     from kafka_delta.offsets.fencing import FencingError
 
     run_a, run_b = new_sink(), new_sink()
-    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
-    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
-    assert not run_b.check(late, {"o": {0: 1}})  # the table ends where run B starts...
-    # ...until run A commits the same range between run B's check and its write.
-    run_a.commit_batch(
-        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
-    )
+    late, _ = _overtaken(spark, run_a, run_b)
 
     with pytest.raises(FencingError, match="lost to a concurrent run"):
         run_b.commit_batch(_ids(spark, 20, 30), late, {"o": {0: 1}})
@@ -775,26 +782,12 @@ def test_an_upsert_overtaken_after_its_check_is_fenced_though_its_session_commit
     # whether it committed (CommitWatch): that version must be unset before the MERGE, or a
     # MERGE delta-spark skipped (its fence seq already used) takes the session's previous
     # commit, here run A's, for its own and claims the batch written.
-    from conftest import skip_without_connectors
-
-    skip_without_connectors(spark, {"source": "embedded", "sink": "delta_spark"})
     from kafka_delta.engine import WriteMode
     from kafka_delta.offsets.fencing import FencingError
-    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
 
-    uri = str(tmp_path / "table")
-    upsert = WriteMode("upsert", keys=("id",))
-
-    def new_sink() -> DeltaSparkSink:
-        return DeltaSparkSink(spark, uri, "p", upsert, checkpoint=str(tmp_path / "checkpoint"))
-
+    uri, new_sink = _delta_spark_sink(spark, tmp_path, WriteMode("upsert", keys=("id",)))
     run_a, run_b = new_sink(), new_sink()
-    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
-    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
-    assert not run_b.check(late, {"o": {0: 1}})
-    taken = run_a.commit_batch(
-        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
-    )
+    late, taken = _overtaken(spark, run_a, run_b)
     assert taken.written and taken.delta_version == 1 and taken.read_back_s == 0.0
 
     with pytest.raises(FencingError, match="lost to a concurrent run"):
@@ -817,12 +810,7 @@ def test_a_commit_of_another_writer_in_the_batchs_session_is_never_taken_for_the
 
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     run_a, run_b = new_sink(), new_sink()
-    run_a.commit_batch(_ids(spark, 1), BatchCommit("p", "p.run-a", 0, {"o": {0: 1}}), {})
-    late = BatchCommit("p", "p.run-b", 0, {"o": {0: 3}})
-    assert not run_b.check(late, {"o": {0: 1}})
-    run_a.commit_batch(
-        _ids(spark, 2, 3), BatchCommit("p", "p.run-a", 1, {"o": {0: 3}}), {"o": {0: 1}}
-    )
+    late, _ = _overtaken(spark, run_a, run_b)
     other = str(tmp_path / "other")
     for version in range(3):  # the other table's next commit is version 3: above the stored 1
         _ids(spark, version).write.format("delta").mode("append").save(other)
