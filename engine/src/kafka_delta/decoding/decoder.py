@@ -1,5 +1,6 @@
 """One decoder for both engines: Kafka records (Spark's kafka columns, as Arrow) in, typed columns
-out. The embedded source runs it in its read task; the cluster engine through ``mapInArrow``.
+out. The embedded source runs it in its read task; the cluster engine in an Arrow UDF
+(:mod:`.dataframe`).
 
 Output, in order: the value's columns (the reader schema; with ``envelope: debezium`` the
 row's, and ``_op``, see :mod:`.envelope`); ``key`` (its bytes, or decoded);
@@ -134,24 +135,47 @@ class Decoder:
         self.output_schema = output_schema(spec)
         # The decoded arrays' types, as the reader names fields: an output column whose fields
         # the naming rule renamed is the same data under another type (a zero-copy view).
-        self._decoded = _decoded_types(spec, self.output_schema)
+        decoded = _decoded_types(spec, self.output_schema)
+        # The columns decoding makes (all but Kafka's record columns), and their decoded types.
+        parts = [i for i, f in enumerate(self.output_schema) if f.name not in RECORD_COLUMNS]
+        self.part_fields = [self.output_schema.field(i) for i in parts]
+        self._part_types = [decoded[i] for i in parts]
         self.value = _part_decoder(spec.value, spec, "value")
         self.key = None if spec.key is None else _part_decoder(spec.key, spec, "key")
 
     def decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        n = batch.num_rows
-        raw_value, raw_key = batch.column("value"), batch.column("key")
-        headers = (
-            batch.column("headers").to_pylist()
-            if batch.column("headers").null_count < n
-            else [None] * n
+        """A batch of Kafka's columns (:data:`~kafka_delta.contract.KAFKA_ARROW_SCHEMA`)
+        decoded: the output schema's columns, Kafka's passed through."""
+        parts = self.decode_parts(
+            batch.column("value"),
+            batch.column("key"),
+            batch.column("headers") if self.spec.reads_headers else None,
+        )
+        after_key = self.output_schema.get_field_index("key") + 1
+        arrays = [
+            *parts[:after_key],
+            *(batch.column(name) for name in RECORD_COLUMNS),
+            *parts[after_key:],
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+
+    def decode_parts(
+        self, raw_value: pa.Array, raw_key: pa.Array, headers: pa.Array | None
+    ) -> list[pa.Array]:
+        """The output columns that decoding makes, in the output schema's order: every column
+        but Kafka's record columns (``topic`` ... ``headers``), which decoding never changes.
+        ``headers`` may be None when the spec does not read them
+        (:attr:`.spec.DecodeSpec.reads_headers`)."""
+        n = len(raw_value)
+        header_rows = (
+            headers.to_pylist() if headers is not None and headers.null_count < n else [None] * n
         )
         raw_values = raw_value.to_pylist()
-        columns, errors = self.value.decode(raw_values, headers)
+        columns, errors = self.value.decode(raw_values, header_rows)
         key = raw_key
         key_errors: list[str | None] = [None] * n
         if self.key is not None:
-            keys, key_errors = self.key.decode(raw_key.to_pylist(), headers)
+            keys, key_errors = self.key.decode(raw_key.to_pylist(), header_rows)
             key = (
                 keys.column(0).combine_chunks()
                 if keys.column_names == ["value"]
@@ -177,17 +201,15 @@ class Decoder:
         arrays = [
             *values,
             key,
-            *(batch.column(name) for name in RECORD_COLUMNS),
             error,
             pc.if_else(failed, raw_key, none) if any_failed else none,
             pc.if_else(failed, raw_value, none) if any_failed else none,
             *([mark] if self.spec.tombstone_keys else []),
         ]
-        arrays = [
+        return [
             _as_column(a, decoded, f.type)
-            for a, decoded, f in zip(arrays, self._decoded, self.output_schema, strict=True)
+            for a, decoded, f in zip(arrays, self._part_types, self.part_fields, strict=True)
         ]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
 
 
 def _decoded_types(spec: DecodeSpec, output: pa.Schema) -> list[pa.DataType]:

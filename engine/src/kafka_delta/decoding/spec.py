@@ -141,6 +141,12 @@ class DecodeSpec:
         """Whether the output has the ``_op`` column (:data:`kafka_delta.contract.OP_COLUMN`)."""
         return self.envelope != "none" or bool(self.tombstone_keys)
 
+    @property
+    def reads_headers(self) -> bool:
+        """Whether a record's headers take part in decoding it: with Confluent framing a schema
+        id may travel in a header instead of the value's first bytes."""
+        return any(f is not None and f.framing == "confluent" for f in (self.value, self.key))
+
     def to_json(self) -> str:
         return json.dumps(
             {

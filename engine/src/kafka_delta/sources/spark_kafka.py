@@ -140,7 +140,7 @@ class SparkKafkaSource:
         return starting_offsets(held, partitions, self.kafka.starting_offsets)
 
     def worker_modules(self, decode: DecodeSpec | None = None) -> tuple[str, ...]:
-        """Spark's kafka source reads in the JVM; only decoding (``mapInArrow``) runs Python."""
+        """Spark's kafka source reads in the JVM; only decoding (an Arrow UDF) runs Python."""
         from kafka_delta.decoding.decoder import decoder_modules
 
         return decoder_modules(decode) if decode is not None else ()
