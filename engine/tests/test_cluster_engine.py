@@ -403,15 +403,18 @@ def _ids(spark, *ids: int):
     return spark.createDataFrame([(i,) for i in ids], "id long")
 
 
-def test_a_delta_spark_append_reads_the_history_once_and_its_commit_costs_the_plain_writes_jobs(
+def test_a_delta_spark_append_reads_no_history_after_its_own_commit_and_costs_the_plain_writes_jobs(
     spark, tmp_path: Path
 ) -> None:
     # Reading delta-spark's history is a Spark job of its own (DeltaHistoryManager reads the
-    # commit files in one, through DESCRIBE HISTORY as through DeltaTable.history()): the check
-    # reads ONE page of it and nothing else (whether the table exists is the page itself), and
-    # the commit costs the write's jobs, the same as the plain append Databricks documents for
-    # foreachBatch: the session that ran it says it committed and where, and the rows come from
-    # an observation in the write's own job (CommitWatch), never a count nor the log read back.
+    # commit files in one, through DESCRIBE HISTORY as through DeltaTable.history()). Where the
+    # sink's own last commit is still the table's newest version (Delta says so when asked to
+    # time-travel one version past it: an analysis, no job), the check reads none of it; a
+    # sink that made no commit yet (a new run) reads ONE page and nothing else (whether the
+    # table exists is the page itself). The commit costs the write's jobs, the same as the
+    # plain append Databricks documents for foreachBatch: the session that ran it says it
+    # committed and where, and the rows come from an observation in the write's own job
+    # (CommitWatch), never a count nor the log read back.
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     plain = str(tmp_path / "plain")
     sink = new_sink()
@@ -425,6 +428,7 @@ def test_a_delta_spark_append_reads_the_history_once_and_its_commit_costs_the_pl
     second = BatchCommit("p", "p.q", 1, {"o": {0: 3}})
 
     replay, check_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
+    fresh, fresh_jobs = spark_jobs(spark, lambda: new_sink().check(second, {"o": {0: 1}}))
     result, sink_jobs = spark_jobs(spark, lambda: sink.commit_batch(frame, second, {"o": {0: 1}}))
     _, plain_jobs = spark_jobs(
         spark,
@@ -437,13 +441,16 @@ def test_a_delta_spark_append_reads_the_history_once_and_its_commit_costs_the_pl
         ),
     )
 
-    assert not replay and len(check_jobs) == 1, check_jobs
+    assert not replay and check_jobs == [], check_jobs
+    assert not fresh and len(fresh_jobs) == 1, fresh_jobs
     assert result.written and result.rows == 2 and result.delta_version == 1
     assert result.read_back_s == 0.0
     assert plain_jobs and len(sink_jobs) == len(plain_jobs), (sink_jobs, plain_jobs)
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
-    # A replay is recognised by the same one reading.
+    # A replay is recognised as well, by a new run's one reading and without it.
     replay, replay_jobs = spark_jobs(spark, lambda: sink.check(second, {"o": {0: 1}}))
+    assert replay and replay_jobs == [], replay_jobs
+    replay, replay_jobs = spark_jobs(spark, lambda: new_sink().check(second, {"o": {0: 1}}))
     assert replay and len(replay_jobs) == 1, replay_jobs
 
 
@@ -451,10 +458,11 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What a steady batch reads of the table may not grow with its versions: past the first
-    # pages of history (3, 20) and two Delta checkpoints (every 10 commits), the check still
-    # reads ONE small page (3 commits: a history read is a Spark job whose tasks open every
-    # commit file of the page), the commit none (its session says where it landed), and
-    # materializing analyses the table once. Every analysis and every
+    # pages of history (3, 20) and two Delta checkpoints (every 10 commits), a new run's check
+    # still reads ONE small page (3 commits: a history read is a Spark job whose tasks open
+    # every commit file of the page), and a check after the sink's own commit none; the commit
+    # none (its session says where it landed), and materializing analyses the table once.
+    # Every analysis and every
     # history read brings the snapshot up to date, a listing of the log folder, which on a local
     # or Hadoop file system costs more the longer the log: their number per batch is what the
     # sink controls.
@@ -465,6 +473,7 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
         commit = BatchCommit("p", "p.q", batch, {"o": {0: end + 1}})
         sink.commit_batch(_ids(spark, end), commit, {"o": {0: end}} if batch else {})
         end += 1
+    sink = new_sink()  # a new run's: no commit of its own yet
     pages: list[int | None] = []
     analyses: list[str] = []
     real_history, real_frame = sink.table.history, sink.table.frame
@@ -491,6 +500,67 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
     assert pages == [3], pages
     assert result.read_back_s == 0.0
     assert len(list((Path(uri) / "_delta_log").glob("*.checkpoint.parquet"))) == 2
+    # The next batch: the sink's own commit is the newest version, no history is read.
+    assert not sink.check(BatchCommit("p", "p.q", 22, {"o": {0: end + 3}}), {"o": {0: end + 2}})
+    assert pages == [3], pages
+
+
+# What may happen to a table between two batches of a run, and the next batch's check after it.
+BETWEEN_BATCHES = ["nothing", "foreign_append", "restore", "other_run", "recreated", "deleted"]
+
+
+@pytest.mark.parametrize("move", BETWEEN_BATCHES)
+def test_a_check_after_the_sinks_own_commit_decides_as_a_new_runs_reading_whatever_came_between(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, move: str
+) -> None:
+    """The check that reads no history (the sink's own last commit still the table's newest
+    version) decides what a sink reading the history decides, after whatever an operator or
+    another writer did between two batches: the same replay answer or the same refusal, and
+    the same stored offsets. Without Delta's word on the newest version, the RESTORE, the other
+    run and the recreated table each let the next batch commit on top of offsets the table no
+    longer ends at (a batch lost, or read twice)."""
+    from kafka_delta.sinks.delta_spark.sink import DeltaSparkSink
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path)
+    sink = new_sink()
+    for batch in range(2):
+        commit = BatchCommit("p", "p.q", batch, {"o": {0: 2 * batch + 2}})
+        start = {"o": {0: 2 * batch}} if batch else {}
+        sink.commit_batch(_ids(spark, 2 * batch, 2 * batch + 1), commit, start)
+    assert sink._head is not None and sink._head[0] == 1
+    if move == "foreign_append":
+        _ids(spark, 100).write.format("delta").mode("append").save(uri)
+    elif move == "restore":
+        spark.sql(f"RESTORE TABLE delta.`{uri}` TO VERSION AS OF 0")
+    elif move == "other_run":
+        other = DeltaSparkSink(spark, uri, "p", checkpoint=str(tmp_path / "other"))
+        other.commit_batch(_ids(spark, 4, 5, 6), BatchCommit("p", "p.r", 0, {"o": {0: 7}}), None)
+    elif move in ("recreated", "deleted"):
+        import shutil
+
+        shutil.rmtree(uri)
+        if move == "recreated":  # fewer versions than before: version 1 is gone
+            _ids(spark, 100).write.format("delta").save(uri)
+    following = BatchCommit("p", "p.q", 2, {"o": {0: 6}})
+
+    def decision(checker: DeltaSparkSink) -> tuple[object, object]:
+        try:
+            return checker.check(following, {"o": {0: 4}}), checker._checked
+        except Exception as exc:
+            return type(exc).__name__, str(exc)
+
+    pages: list[int | None] = []
+    real_history = sink.table.history
+    monkeypatch.setattr(sink.table, "history", lambda n: pages.append(n) or real_history(n))
+    probed = decision(sink)
+    read = decision(new_sink())
+    assert probed == read, (probed, read)
+    if move == "nothing":  # the steady batch: decided without the history
+        assert pages == [] and probed[0] is False, (pages, probed)
+    else:  # the history, read as a new run reads it
+        assert pages[:1] == [3], pages
+    if move in ("restore", "other_run"):  # the table no longer ends where the run does
+        assert probed[0] == "FencingError", probed
 
 
 def _events(spark, ids, bad: tuple[int, ...] = ()):

@@ -285,6 +285,26 @@ class SparkTable:
             row["timestamp"] = int(stamp.timestamp() * 1000) if stamp is not None else None
         return rows
 
+    def newest_version_is(self, version: int) -> bool:
+        """Whether ``version`` is the table's newest Delta version, as Delta itself tells it:
+        a time-travel read one version past it (``VERSION AS OF version + 1``) must fail with
+        ``DELTA_VERSION_NOT_FOUND`` naming ``version`` as the latest. The read's analysis
+        brings the table's snapshot up to date (a listing of its log, as :meth:`schema` does),
+        runs no Spark job and reads no commit file; a commit file that the log has not
+        backfilled yet (catalog-managed commits) counts, as it does for every reader of the
+        table. Anything else (a newer version, no table, another error) is False: the caller
+        reads the history instead."""
+        query = f"SELECT * FROM {self.sql_name()} VERSION AS OF {int(version) + 1}"
+        try:
+            self.spark.sql(query).columns  # noqa: B018 (the analysis is the probe)
+        except Exception as exc:
+            condition = getattr(exc, "getCondition", lambda: None)()
+            parameters = getattr(exc, "getMessageParameters", lambda: None)() or {}
+            return condition == "DELTA_VERSION_NOT_FOUND" and parameters.get("latest") == str(
+                version
+            )
+        return False
+
     def properties(self) -> dict[str, str]:
         """The table's properties (``SHOW TBLPROPERTIES``: its metadata, no Spark job)."""
         try:

@@ -37,7 +37,10 @@ Through Spark alone (I14): the table is reached by catalog name or by path throu
 INTO``; the writer's ``saveAsTable``/``save``); the check and the read-back read the pipeline's
 commits from the table's history (:class:`kafka_delta.delta.spark_offset_store.TableLogReader`),
 never its txn actions, which Spark cannot read (why replay, fencing and a new checkpoint need
-none: :mod:`kafka_delta.delta.spark_offset_store`). A table by name that does not exist is
+none: :mod:`kafka_delta.delta.spark_offset_store`). A steady batch's check reads no history:
+while the sink's own last commit is the table's newest version, as Delta tells without a job
+(:meth:`~kafka_delta.delta.spark_table.SparkTable.newest_version_is`), that commit is where the
+table ends (:meth:`DeltaSparkSink._newest`). A table by name that does not exist is
 created before its first write (``CREATE TABLE IF NOT EXISTS``). The rows a commit wrote come
 from the observation on its frame, or from its own ``operationMetrics`` where it was read back,
 never from a count of their own.
@@ -105,7 +108,7 @@ from kafka_delta.offsets.model import (
     StoredOffsets,
     partitions_of,
 )
-from kafka_delta.offsets.stored import TableLog, read_stored
+from kafka_delta.offsets.stored import TableLog, newest_stored, read_stored
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.upsert import MergeClauses, merge_clauses, upserted_frame
 
@@ -172,6 +175,9 @@ class DeltaSparkSink:
         self._checked: tuple[tuple[str, int], bool, StoredOffsets | None] | None = None
         # Batches still to split before their write, after one with dead letters.
         self._split_left = 0
+        # This sink's own newest commit, while the table's log is known to end there (see
+        # :meth:`_newest`): its Delta version and the stored offsets a read would find in it.
+        self._head: tuple[int, StoredOffsets] | None = None
 
     def worker_modules(self) -> tuple[str, ...]:
         return ()  # delta-spark writes in the JVM
@@ -224,6 +230,41 @@ class DeltaSparkSink:
         names = partitions_of(commit.end_offsets, start or {})
         return table_log, read_stored(table_log, self.pipeline_id, lambda: names)
 
+    def _newest(
+        self, commit: BatchCommit, start: Offsets | None
+    ) -> tuple[bool, StoredOffsets | None]:
+        """(whether the table exists, the pipeline's stored offsets in it) before a write.
+
+        Where this sink's own last commit (version v) is still the table's newest version, as
+        Delta tells it without a Spark job (:meth:`SparkTable.newest_version_is`), the stored
+        offsets are that commit's, known since it landed: the history page, a Spark job, is
+        not read. Any other commit since (another run's, a RESTORE, an ``offsets reset``, the
+        run's own compaction, a table deleted) makes v+1 exist or v not, and the history is
+        read as before; so is a batch naming a partition the commit did not (a topic or
+        partition new to the pipeline: the rows tell where it ends). The fence at commit time
+        is unchanged: delta-spark commits the batch only with its ``seq`` above the table's."""
+        head = self._head
+        if head is not None:
+            version, stored = head
+            named = partitions_of(commit.end_offsets, start or {})
+            if all(
+                p in stored.offsets.get(topic, {}) for topic, parts in named.items() for p in parts
+            ) and self.table.newest_version_is(version):
+                return True, stored
+            self._head = None
+        table_log, stored = self._stored(commit, start)
+        return table_log is not None, stored
+
+    def _landed_at(self, version: int, commit: BatchCommit, before: StoredOffsets | None) -> None:
+        """Remember ``commit``, landed at ``version`` on top of ``before``, as the table's
+        newest: the stored offsets a read of a history page holding both commits finds
+        (:func:`kafka_delta.offsets.stored.newest_stored`, the one rule)."""
+        page = [{"version": version, "userMetadata": commit.user_metadata()}]
+        if before is not None and before.user_metadata and before.delta_version is not None:
+            page.append({"version": before.delta_version, "userMetadata": before.user_metadata})
+        stored = newest_stored(page, self.pipeline_id)
+        self._head = (version, stored) if stored is not None else None
+
     def _rows_committed(self, version: int, frame: DataFrame, table_log: TableLog) -> int:
         """The rows the append at ``version`` wrote: its commit's ``numOutputRows`` metric,
         from the history the read-back just read, where it found the commit (no second reading
@@ -254,11 +295,11 @@ class DeltaSparkSink:
         """True when the batch is already in the table (a replay); raises
         :class:`FencingError` when it does not start where the table ends. Writes nothing."""
         self._checked = None
-        table_log, stored = self._stored(commit, start)
+        exists, stored = self._newest(commit, start)
         if self._is_replay(stored, commit):
             return True
         check_contiguous(stored, start, commit, first_reads)
-        self._checked = ((commit.app_id, commit.batch_id), table_log is not None, stored)
+        self._checked = ((commit.app_id, commit.batch_id), exists, stored)
         return False
 
     def commit_batch(
@@ -283,8 +324,10 @@ class DeltaSparkSink:
         if checked is not None and checked[0] == (commit.app_id, commit.batch_id):
             _, exists, stored = checked
         else:
-            table_log, stored = self._stored(commit, start)
-            exists = table_log is not None
+            exists, stored = self._newest(commit, start)
+        # Known again only once this batch's commit is: whatever happens to this write, the
+        # next batch's check does not take the table's end from before it.
+        self._head = None
         if self._is_replay(stored, commit):
             log.info(
                 "batch %d of %s is already in the table (%s): replay skipped",
@@ -350,6 +393,7 @@ class DeltaSparkSink:
             version, observed = landed
             rows_written = count if count is not None else observed
             assert rows_written is not None
+            self._landed_at(version, commit, stored)
             return SinkResult(written=True, rows=rows_written, delta_version=version)
         read_back = time.perf_counter()
         after_log, after = self._stored(commit, start)
@@ -362,6 +406,7 @@ class DeltaSparkSink:
             assert after.delta_version is not None
             # Only now, with the commit read back as this batch's, is the copy written.
             self._keep_copy(commit, after.delta_version)
+            self._landed_at(after.delta_version, commit, stored)
             if count is None:
                 assert after_log is not None
                 count = self._rows_committed(after.delta_version, frame, after_log)
