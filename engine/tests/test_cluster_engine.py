@@ -462,10 +462,9 @@ def test_a_steady_delta_spark_batch_reads_one_page_a_step_and_analyses_the_table
     # still reads ONE small page (3 commits: a history read is a Spark job whose tasks open
     # every commit file of the page), and a check after the sink's own commit none; the commit
     # none (its session says where it landed), and materializing analyses the table once.
-    # Every analysis and every
-    # history read brings the snapshot up to date, a listing of the log folder, which on a local
-    # or Hadoop file system costs more the longer the log: their number per batch is what the
-    # sink controls.
+    # Every analysis and every history read brings the snapshot up to date, a listing of the
+    # log folder, which on a local or Hadoop file system costs more the longer the log: their
+    # number per batch is what the sink controls.
     uri, new_sink = _delta_spark_sink(spark, tmp_path)
     sink = new_sink()
     end = 0
