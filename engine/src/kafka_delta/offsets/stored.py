@@ -201,6 +201,18 @@ def _topic_id_digests(log: TableLog, pipeline_id: str, offsets: Offsets) -> dict
     return found or None
 
 
+def unnamed_partitions(
+    stored: StoredOffsets, partitions: Mapping[str, Iterable[int]]
+) -> dict[str, list[int]]:
+    """The partitions of ``partitions`` (by topic) that ``stored``'s record names no offset
+    for: where the table's end is found from its rows (:func:`_with_unnamed_partitions`)."""
+    missing = {
+        topic: [int(p) for p in parts if int(p) not in stored.offsets.get(topic, {})]
+        for topic, parts in partitions.items()
+    }
+    return {topic: parts for topic, parts in missing.items() if parts}
+
+
 def _with_unnamed_partitions(
     log: TableLog,
     pipeline_id: str,
@@ -214,11 +226,7 @@ def _with_unnamed_partitions(
     The rows, not the partition's offset txn: a RESTORE reverts no txn, so the txn may name a
     batch the RESTORE undid. Only where the rows carry no position is the txn taken, as the
     one hint left."""
-    missing = {
-        topic: [int(p) for p in parts if int(p) not in stored.offsets.get(topic, {})]
-        for topic, parts in partitions.items()
-    }
-    missing = {topic: parts for topic, parts in missing.items() if parts}
+    missing = unnamed_partitions(stored, partitions)
     if not missing:
         return stored
     positions = log.row_positions(sorted(missing))

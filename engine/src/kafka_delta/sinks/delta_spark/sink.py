@@ -108,7 +108,12 @@ from kafka_delta.offsets.model import (
     StoredOffsets,
     partitions_of,
 )
-from kafka_delta.offsets.stored import TableLog, newest_stored, read_stored
+from kafka_delta.offsets.stored import (
+    TableLog,
+    newest_stored,
+    read_stored,
+    unnamed_partitions,
+)
 from kafka_delta.sinks.delta_spark.widening import widen_columns
 from kafka_delta.upsert import MergeClauses, merge_clauses, upserted_frame
 
@@ -247,9 +252,7 @@ class DeltaSparkSink:
         if head is not None:
             version, stored = head
             named = partitions_of(commit.end_offsets, start or {})
-            if all(
-                p in stored.offsets.get(topic, {}) for topic, parts in named.items() for p in parts
-            ) and self.table.newest_version_is(version):
+            if not unnamed_partitions(stored, named) and self.table.newest_version_is(version):
                 return True, stored
             self._head = None
         table_log, stored = self._stored(commit, start)
