@@ -167,9 +167,8 @@ def test_the_engine_contract_passes_through_spark_connect(tmp_path: Path) -> Non
     ``SPARK_REMOTE=local[2]``: its spark fixture is a Connect session to a server in another
     process (the plugin checks, as the session ends, that the process made no classic
     SparkContext). Where the connector jars are at hand, Spark's kafka source itself runs
-    through the server, so its stand-in (which runs where they cannot be had) is left to the
-    classic run."""
-    chosen = "not passes_through_spark_connect" + (" and not standin" if JARS_DIR else "")
+    through the server (the contract collects its stand-in only where they cannot be had)."""
+    chosen = "not passes_through_spark_connect"
     result = subprocess.run(
         [
             sys.executable,

@@ -67,6 +67,11 @@ WITH_CONNECTORS = os.environ.get("KAFKA_DELTA_CONNECTORS") == "packages"
 # the jars scripts/bootstrap fetched through Maven (kafka_delta_dev.connector_jars). JARS_WHY
 # says, in the words a skip reports, why there is none.
 JARS_DIR, JARS_WHY = connector_jars.local_folder()
+# Whether Spark's kafka source itself can run here (its jar fetched, or named by a folder): where
+# it can, tests run it; where it cannot, its stand-in (kafka_delta_dev.spark_kafka_standin).
+KAFKA_SOURCE_AT_HAND = WITH_CONNECTORS or (
+    bool(JARS_DIR) and any(Path(JARS_DIR).expanduser().glob("spark-sql-kafka*.jar"))
+)
 NO_JAVA = shutil.which("java") is None and not os.environ.get("JAVA_HOME")
 NEEDS_JAVA = "Spark needs Java 17: java is not on PATH and JAVA_HOME is unset"
 
@@ -75,8 +80,6 @@ def connector_conf(source: str, sink: str) -> dict[str, str]:
     """The Spark confs a run of the engine ``source`` + ``sink`` in a process of its own needs
     for its connector jars on this machine (``{}`` for the embedded engine); skips the calling
     test, with the reason the suite reports, when they cannot be had here."""
-    from pathlib import Path
-
     from kafka_delta.runtime.connectors import (
         DELTA_SESSION_CONFS,
         connector_packages,
@@ -90,8 +93,7 @@ def connector_conf(source: str, sink: str) -> dict[str, str]:
     if WITH_CONNECTORS:
         return {"spark.jars.packages": ",".join(connector_packages()), **DELTA_SESSION_CONFS}
     if JARS_DIR:
-        has_kafka = any(Path(JARS_DIR).expanduser().glob("spark-sql-kafka*.jar"))
-        missing = [] if has_kafka else [c for c in needed if c == "spark-sql-kafka"]
+        missing = [] if KAFKA_SOURCE_AT_HAND else [c for c in needed if c == "spark-sql-kafka"]
         if not missing:
             jars = ",".join(local_connector_jars(JARS_DIR))
             return {"spark.jars": jars, **DELTA_SESSION_CONFS}
