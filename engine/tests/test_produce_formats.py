@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -27,6 +27,7 @@ from kafka_delta_dev.produce import (
     order_event_descriptor_set,
     order_event_message,
     produce_events,
+    produce_values,
 )
 from support import PROJECT
 
@@ -195,6 +196,26 @@ def test_json_is_the_default_and_unchanged_byte_for_byte(kafka_bootstrap: str, n
     expected = [_event_before_formats(first_id + n, rng) for n in range(records)]
     values = [m.value() for m in consume(kafka_bootstrap, topic, records)]
     assert values == expected
+
+
+def test_the_test_producer_writes_each_value_once_and_in_order(
+    kafka_bootstrap: str, new_topics
+) -> None:
+    """produce_values, behind the suite's test data, neither retries nor waits for a producer
+    id (kafka_delta_dev.produce.producer_conf): each value lands once, in order, in its
+    partition, and a record that cannot be written is an error. It used to be dropped without
+    a word when the refusal came in its delivery report (a fresh producer, no metadata yet)."""
+    (topic,) = new_topics(1, partitions=2)
+    values = [(i % 2, b"v%d" % i) for i in range(40)]
+    produce_values(kafka_bootstrap, topic, values)
+    landed = consume(kafka_bootstrap, topic, len(values))
+    assert sorted((m.partition(), m.offset(), m.value()) for m in landed) == [
+        *((0, n, b"v%d" % (2 * n)) for n in range(20)),
+        *((1, n, b"v%d" % (2 * n + 1)) for n in range(20)),
+    ]
+    # refused in the delivery report, or at once where the producer already had the metadata
+    with pytest.raises((RuntimeError, KafkaException), match="Unknown partition"):
+        produce_values(kafka_bootstrap, topic, [(5, b"no such partition")])
 
 
 def test_avro_without_a_registry_url_is_one_sentence() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from kafka_delta_dev.produce import ensure_topics
+from kafka_delta_dev.produce import ensure_topics, producer_conf
 
 SERVER, SCHEMA, TABLE = "dbserver1", "inventory", "customers"
 NAMESPACE = f"{SERVER}.{SCHEMA}.{TABLE}"
@@ -222,9 +222,7 @@ def produce_records(bootstrap: str, topic: str, records: Sequence[Record]) -> li
     (some Kafka-compatible brokers, Tansu 0.6, report the high watermark as the first offset of
     the last record batch + 1; a one-record last batch makes it exact; on Kafka it changes
     nothing)."""
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
-    )
+    producer = Producer(producer_conf(bootstrap))
     offsets: list[int] = [-1] * len(records)
     failures: list[str] = []
 

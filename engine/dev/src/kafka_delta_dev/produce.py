@@ -225,10 +225,29 @@ def value_encoder(value_format: str, registry_url: str | None, version: int) -> 
     return encode_protobuf
 
 
-def _produce(producer: Producer, topic: str, partition: int, key: bytes, value: bytes) -> None:
+def producer_conf(bootstrap: str, transactional_id: str | None = None) -> dict[str, Any]:
+    """A producer that writes each record once, in order, or reports its failure.
+
+    Without a transaction it is not idempotent and never retries (``acks=all``): librdkafka
+    holds an idempotent producer's first record 0.5-1 s, until its producer id arrives (the
+    id's timer retries every 500 ms while no broker connection is up yet, which is always
+    the case at its first try), and the tests open hundreds. A record without retries cannot
+    be written twice; a failed one reaches its delivery callback, which the callers turn into
+    an error. A transaction needs the producer id anyway (``init_transactions``)."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"}
+    if transactional_id:
+        return {**conf, "enable.idempotence": True, "transactional.id": transactional_id}
+    return {**conf, "enable.idempotence": False, "retries": 0}
+
+
+def _produce(
+    producer: Producer, topic: str, partition: int, key: bytes, value: bytes, delivered: Any
+) -> None:
     while True:
         try:
-            producer.produce(topic, value=value, key=key, partition=partition)
+            producer.produce(
+                topic, value=value, key=key, partition=partition, on_delivery=delivered
+            )
             producer.poll(0)
             return
         except BufferError:  # local queue full: let deliveries drain, then retry
@@ -242,12 +261,16 @@ def produce_values(
     *,
     transactional_id: str | None = None,
 ) -> None:
-    """Produce ``(partition, value)`` pairs; with ``transactional_id``, in one committed
-    transaction (its commit markers leave gaps in the partitions' offsets)."""
-    conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
-    if transactional_id:
-        conf["transactional.id"] = transactional_id
-    producer = Producer(conf)
+    """Produce ``(partition, value)`` pairs, each once and in order (:func:`producer_conf`),
+    or raise; with ``transactional_id``, in one committed transaction (its commit markers
+    leave gaps in the partitions' offsets)."""
+    producer = Producer(producer_conf(bootstrap, transactional_id))
+    failures: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
     if transactional_id:
         producer.init_transactions(30)
         producer.begin_transaction()
@@ -259,17 +282,20 @@ def produce_values(
     tail = set(last.values())
     for i, (partition, value) in enumerate(values):
         if i not in tail:
-            _produce(producer, topic, partition, str(i).encode(), value)
+            _produce(producer, topic, partition, str(i).encode(), value, delivered)
     producer.flush(60)
     for i in sorted(tail):
         partition, value = values[i]
-        _produce(producer, topic, partition, str(i).encode(), value)
+        _produce(producer, topic, partition, str(i).encode(), value, delivered)
         producer.flush(60)
     if transactional_id:
         producer.commit_transaction(30)
     remaining = producer.flush(60)
-    if remaining:
-        raise RuntimeError(f"{remaining} records to {topic} were not acknowledged")
+    if remaining or failures:
+        raise RuntimeError(
+            f"records to {topic} were not all written: {remaining} unacknowledged, "
+            f"{len(failures)} failed {failures[:3]}"
+        )
 
 
 def produce_events(
