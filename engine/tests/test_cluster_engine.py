@@ -19,6 +19,7 @@ from kafka_delta.delta.spark_commit import (
     USER_METADATA_CONF,
     append_options,
     delta_txn_confs,
+    lost_race,
 )
 from kafka_delta.delta.spark_offset_store import DeltaSparkLog
 from kafka_delta.engine_factory import build_engine
@@ -897,3 +898,100 @@ def test_a_commit_of_another_writer_in_the_batchs_session_is_never_taken_for_the
 
     assert spark.conf.get(spark_commit.LAST_COMMIT_CONF) == "3"
     assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("compactor", ["delta_spark", "delta_rs"])
+def test_an_upsert_whose_merge_loses_to_a_compaction_is_written_again_and_lands_once(
+    spark, tmp_path: Path, compactor: str
+) -> None:
+    # A compaction that commits while a batch's MERGE runs (`table maintain`, another job's
+    # OPTIMIZE) makes delta-spark refuse the MERGE's commit: Delta's own OPTIMIZE removed files
+    # the MERGE read (ConcurrentDeleteReadException), delta-rs's added files it should have
+    # read (ConcurrentAppendException). No run of the pipeline committed, so the batch is
+    # written again on the table as it is now. It used to stop the run as fenced ("lost to a
+    # concurrent run", exit 3), or with Delta's raw error.
+    import threading
+    import time
+
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    from kafka_delta.engine import WriteMode
+    from kafka_delta.offsets.stored import newest_stored
+    from kafka_delta.runtime.spark_session import session_of_its_own
+
+    uri, new_sink = _delta_spark_sink(spark, tmp_path, WriteMode("upsert", keys=("id",)))
+    sink = new_sink()
+    sink.commit_batch(_ids(spark, 1, 2), BatchCommit("p", "p.q", 0, {"o": {0: 2}}), {})
+    sink.commit_batch(_ids(spark, 3), BatchCommit("p", "p.q", 1, {"o": {0: 3}}), {"o": {0: 2}})
+    asked, done = tmp_path / "compact", tmp_path / "compacted"
+
+    def compacting_once(value: int) -> int:
+        # Evaluated inside the MERGE, after it took its snapshot: the first call has the table
+        # compacted, by this Python worker through delta-rs or by the driver through Spark.
+        try:
+            asked.touch(exist_ok=False)
+        except FileExistsError:
+            return value
+        if compactor == "delta_rs":
+            DeltaTable(uri).optimize.compact()
+            done.touch()
+        deadline = time.monotonic() + 60
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return value
+
+    def optimize_when_asked() -> None:
+        own = session_of_its_own(spark)  # as the run's compaction: not the MERGE's confs
+        deadline = time.monotonic() + 60
+        while not asked.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            own.sql(f"OPTIMIZE delta.`{uri}`").collect()
+        finally:
+            done.touch()
+
+    driver = threading.Thread(target=optimize_when_asked, daemon=True)
+    if compactor == "delta_spark":
+        driver.start()
+    else:
+        driver = None
+    compacting = F.udf(compacting_once, LongType())
+    frame = _ids(spark, 2, 4).select(compacting("id").alias("id"))
+
+    result = sink.commit_batch(frame, BatchCommit("p", "p.q", 2, {"o": {0: 5}}), {"o": {0: 3}})
+
+    if driver is not None:
+        driver.join(60)
+    assert done.exists()
+    history = DeltaTable(uri).history()
+    operations = [h["operation"] for h in reversed(history)]
+    assert operations == ["WRITE", "MERGE", "OPTIMIZE", "MERGE"], operations
+    assert result.written and result.delta_version == 3 and result.rows == 2
+    assert sorted(r.id for r in spark.read.format("delta").load(uri).collect()) == [1, 2, 3, 4]
+    page = [{"version": h["version"], "userMetadata": h.get("userMetadata")} for h in history]
+    stored = newest_stored(page, "p")
+    assert stored is not None and (stored.batch_id, stored.delta_version) == (2, 3)
+
+
+def test_each_refusal_delta_gives_a_commit_that_lost_a_race_is_judged_as_a_lost_race() -> None:
+    # Delta 4.4 refuses a MERGE that a compaction overtook with ConcurrentAppendException (the
+    # test above); Delta's other refusals of a commit that raced another writer, by class or by
+    # error class, are judged the same way: read back, the batch is fenced, a replay, or
+    # written again. Anything else is no race.
+    refusals = [
+        "ConcurrentAppendException: [DELTA_CONCURRENT_APPEND.WITHOUT_HINT] Transaction conflict",
+        "ConcurrentDeleteReadException: [DELTA_CONCURRENT_DELETE_READ] Transaction conflict",
+        "ConcurrentDeleteDeleteException: [DELTA_CONCURRENT_DELETE_DELETE] Transaction conflict",
+        "ConcurrentWriteException: [DELTA_CONCURRENT_WRITE] Transaction conflict",
+        "ConcurrentTransactionException: [DELTA_CONCURRENT_TRANSACTION] Transaction conflict",
+        "MetadataChangedException: [DELTA_METADATA_CHANGED] Transaction conflict",
+        "ProtocolChangedException: [DELTA_PROTOCOL_CHANGED] Transaction conflict",
+    ]
+    for refusal in refusals:
+        exc = RuntimeError(
+            f"An error occurred while calling o48.sql.\n: io.delta.exceptions.{refusal}"
+        )
+        assert lost_race(exc), refusal
+    assert not lost_race(RuntimeError("[DELTA_TABLE_NOT_FOUND] Delta table does not exist"))

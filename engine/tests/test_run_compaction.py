@@ -137,6 +137,40 @@ def test_an_upsert_table_is_left_to_table_maintain_and_its_dead_letters_are_comp
     assert Pipeline(spark, cfg).run_loop._compaction() is None  # compact_every_seconds 0: never
 
 
+@pytest.mark.spark
+def test_the_runs_compaction_never_commits_with_the_txn_and_record_of_a_batchs_merge(
+    spark, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """A batch's MERGE sets its txn and record as session confs (delta_txn_confs). Under Spark
+    Connect the batch runs in the session the run was given, so the run's compaction runs in a
+    session of its own: an OPTIMIZE in the batch's session during the MERGE committed with the
+    batch's txn and record, read back as the batch though its rows never landed."""
+    from conftest import skip_without_connectors
+    from kafka_delta.delta.spark_commit import delta_txn_confs
+    from kafka_delta.offsets.model import BatchCommit
+
+    engine = {"source": "embedded", "sink": "delta_spark"}
+    skip_without_connectors(spark, engine)
+    (topic,) = new_topics(1, partitions=1)
+    cfg = make_config([topic], engine=engine)
+    cfg = cfg.with_overrides(**{"maintenance.compact_every_seconds": 3600})
+    for i in range(2):
+        spark.createDataFrame([(i,)], "id long").write.format("delta").mode("append").save(
+            cfg.delta.table
+        )
+    compaction = Pipeline(spark, cfg).run_loop._compaction()
+    assert compaction is not None
+    try:
+        batch = BatchCommit(cfg.pipeline_id, f"{cfg.pipeline_id}.q", 5, {topic: {0: 9}}, seq=6)
+        with delta_txn_confs(spark, batch):  # as during a batch's MERGE in this session
+            compaction.compact_once()
+    finally:
+        compaction.close()
+    (optimize,) = [c for c in DeltaTable(cfg.delta.table).history() if c["operation"] == "OPTIMIZE"]
+    assert optimize.get("userMetadata") is None, optimize
+    assert _operations(cfg.delta.table) == ["OPTIMIZE", "WRITE", "WRITE"]
+
+
 def _config_file(cfg: PipelineConfig) -> str:
     import yaml
 

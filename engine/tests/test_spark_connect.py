@@ -9,6 +9,8 @@ against the real broker and real tables:
 - a run lands every record exactly once, and the run's own process still receives every batch
   (its figures, the progress listeners, the commit-back hook: I4) from the server's process;
 - a crash after the Delta commit replays as a no-op through Connect (I1, I2);
+- the run's compaction runs in a session of its own, so it never commits with the txn and record
+  a batch's MERGE sets as confs of the session the batch shares with the run;
 - the command line runs on a Connect server named by ``SPARK_REMOTE`` (``spark.remote`` in the
   config does the same), and stops with one sentence where the compute refuses its trigger;
 - the whole contract suite passes through Connect (``SPARK_REMOTE=local[2]``), in a pytest of its
@@ -114,6 +116,20 @@ def test_a_crash_after_the_delta_commit_replays_as_a_no_op_through_connect(
     Pipeline(connect, cfg).run()
     assert_exactly_once(cfg, 500)
     assert_offsets_agree(cfg)
+
+
+@through_connect
+def test_the_runs_compaction_has_a_session_of_its_own_beside_the_batches_merge(
+    connect, kafka_bootstrap, new_topics, make_config
+) -> None:
+    """Here the batch's MERGE sets its txn confs in the client's session, the one the run is
+    given: the run's compaction clones it (Connect's cloneSession), so its OPTIMIZE commits
+    without them (test_run_compaction.py proves the same on a classic session)."""
+    from test_run_compaction import (
+        test_the_runs_compaction_never_commits_with_the_txn_and_record_of_a_batchs_merge as check,
+    )
+
+    check(connect, kafka_bootstrap, new_topics, make_config)
 
 
 @through_connect

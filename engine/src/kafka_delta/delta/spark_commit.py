@@ -70,15 +70,24 @@ def delta_txn_confs(
 
 
 # delta-spark's refusals of a commit that lost a race to another writer: a concurrent commit
-# (ConcurrentTransactionException and its kin), and two runs creating a table by path at once
-# (the second finds the first's protocol and metadata: ProtocolChangedException "multiple
-# writers are writing to an empty directory", MetadataChangedException). Each is a lost race,
-# judged like any other by reading the table back: the loser is fenced, or finds its batch in.
+# (ConcurrentTransactionException and its kin: Delta 4.4 refuses a MERGE that a compaction
+# overtook with ConcurrentAppendException, Delta's conflict rules elsewhere with
+# ConcurrentDeleteReadException), and two runs creating a table by path at once (the second
+# finds the first's protocol and metadata: ProtocolChangedException "multiple writers are
+# writing to an empty directory", MetadataChangedException). Each is a lost race, judged like
+# any other by reading the table back: the loser is fenced, or finds its batch in, or, where
+# the pipeline's newest commit is unchanged (the winner was no run of it), writes again.
 LOST_RACE = (
     "ConcurrentTransaction",
     "CONCURRENT_TRANSACTION",
     "ConcurrentAppend",
     "CONCURRENT_APPEND",
+    "ConcurrentDeleteRead",
+    "CONCURRENT_DELETE_READ",
+    "ConcurrentDeleteDelete",
+    "CONCURRENT_DELETE_DELETE",
+    "ConcurrentWrite",
+    "CONCURRENT_WRITE",
     "DELTA_PROTOCOL_CHANGED",
     "ProtocolChangedException",
     "DELTA_METADATA_CHANGED",

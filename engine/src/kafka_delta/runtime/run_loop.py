@@ -24,6 +24,7 @@ from kafka_delta.delta.maintenance import Maintainer, maintainer_for
 from kafka_delta.kafka.outage import KafkaOutage, got_through_a_trigger, kafka_down
 from kafka_delta.recovery.lease import RunLease
 from kafka_delta.runtime.compaction import RunCompaction
+from kafka_delta.runtime.spark_session import session_of_its_own
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -299,10 +300,6 @@ class RunLoop:
         if not every:
             return None
         sink, views = self.config.engine.sink, [run.config for run in self.tables]
-
-        def place(view: PipelineConfig, uri: str) -> tuple[str, Maintainer]:
-            return uri, maintainer_for(sink, view.delta.storage_options, self.spark)
-
         appended = [view for view in views if view.delta.mode == "append"]
         for view in views:
             if view not in appended:
@@ -312,12 +309,27 @@ class RunLoop:
                     "`table maintain` compacts it",
                     view.delta.table,
                 )
-        tables = [place(view, view.delta.table) for view in appended]
+        tables = [(view, view.delta.table) for view in appended]
         # Dead-letter tables are only appended to, whatever their table's mode.
-        dead = [place(view, view.dead_letter_table) for view in views if view.dead_letter_table]
+        dead = [(view, view.dead_letter_table) for view in views if view.dead_letter_table]
         # Each location once (tables may share a dead-letter table), the tables first.
-        places = list(dict(tables + dead).items())
-        return RunCompaction(every, places).start() if places else None
+        places = list({uri: view for view, uri in tables + dead}.items())
+        if not places:
+            return None
+        # delta-spark's compaction runs in a session of its own: a batch's MERGE sets its txn
+        # and record as session confs, which an OPTIMIZE in the batch's session would commit
+        # with (kafka_delta.runtime.spark_session.session_of_its_own).
+        session = self.spark if sink == "delta_rs" else session_of_its_own(self.spark)
+        if session is None:
+            log.warning(
+                "the run does not compact its tables: it needs a Spark session of its own "
+                "beside the batches'; `table maintain` compacts them"
+            )
+            return None
+        maintained: list[tuple[str, Maintainer]] = [
+            (uri, maintainer_for(sink, view.delta.storage_options, session)) for uri, view in places
+        ]
+        return RunCompaction(every, maintained).start()
 
     def _run(self, start: Callable[[], StreamingQuery]) -> RunSummary:
         summary = self.progress.summary

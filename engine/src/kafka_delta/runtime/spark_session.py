@@ -137,6 +137,27 @@ def is_connect(spark: object) -> bool:
 CONNECT_PARALLELISM = 8
 
 
+def session_of_its_own(spark):
+    """A clone of ``spark`` (its confs, temporary views and catalog state copied) whose SQL
+    confs are its own from then on, for Delta commands beside the batches (the run's
+    compaction); None, with the reason logged, where the server cannot clone one.
+
+    A batch's MERGE carries its txn and record as session confs
+    (:func:`kafka_delta.delta.spark_commit.delta_txn_confs`). Under Spark Connect the batch
+    runs in the client's session (``foreachBatch``'s process joins it), so an OPTIMIZE in that
+    session during the MERGE commits with the batch's txn and record: a commit that carries
+    the batch's offsets and fence but none of its rows."""
+    try:
+        if is_connect(spark):
+            return spark.cloneSession()
+        from pyspark.sql import SparkSession
+
+        return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    except Exception as exc:
+        log.warning("cannot clone the Spark session: %s", str(exc).splitlines()[0][:200])
+        return None
+
+
 def default_parallelism(spark: object) -> int:
     """Spark's default parallelism: the SparkContext's on a classic session; under Spark
     Connect (no SparkContext) ``spark.default.parallelism``, else a local master's core count

@@ -22,11 +22,14 @@ writes the same fence appId, so delta-spark's conflict checker
 rejects the second of two concurrent commits (``ConcurrentTransactionException``), and a run
 whose ``seq`` another run already used is skipped by delta-spark itself. Either way the sink
 reads the pipeline's newest commit back and raises :class:`FencingError` unless it is this
-batch: two checkpoints of one pipeline can never both commit. A write whose commit landed needs
-no reading back: inside ``foreachBatch`` on a classic session the batch's own session says
-whether its write committed and at which version, and an observation on the written frame
-counts its rows in the write's own job (:class:`kafka_delta.delta.spark_commit.CommitWatch`);
-the log is read back when it committed nothing, lost a race, or runs under Spark Connect.
+batch: two checkpoints of one pipeline can never both commit. A commit refused while the
+pipeline's newest commit stayed where it was lost to a writer that is no run of the pipeline
+(a compaction that overtook a MERGE): the batch is written again on the table as it is now.
+A write whose commit landed needs no reading back: inside ``foreachBatch`` on a classic
+session the batch's own session says whether its write committed and at which version, and an
+observation on the written frame counts its rows in the write's own job
+(:class:`kafka_delta.delta.spark_commit.CommitWatch`); the log is read back when it committed
+nothing, lost a race, or runs under Spark Connect.
 
 Idempotence (I2): a replay is recognised before writing from the identity ``(app_id,
 batch_id)`` in the pipeline's newest commit, and reports "replayed"; a concurrent run of the
@@ -123,9 +126,18 @@ log = logging.getLogger(__name__)
 # history the read-back read does not hold it (other writers committed after it); beyond them
 # the rows are counted with a Spark job.
 METRICS_LOOKBACK = 10
+# A write whose commit lost to a writer that is no run of the pipeline is tried this often.
+_MAX_ATTEMPTS = 10
 # After a batch with dead letters, this many batches are split before their write (cached, the
 # dead letters collected first) instead of written as clean (see the module docstring).
 SPLIT_AFTER_DEAD_LETTERS = 10
+
+
+def _same_commit(a: StoredOffsets | None, b: StoredOffsets | None) -> bool:
+    """Whether two reads found the same newest commit of the pipeline (or none both times)."""
+    if a is None or b is None:
+        return a is b
+    return (a.app_id, a.seq, a.delta_version) == (b.app_id, b.seq, b.delta_version)
 
 
 def merge_statement(
@@ -331,6 +343,42 @@ class DeltaSparkSink:
         # Known again only once this batch's commit is: whatever happens to this write, the
         # next batch's check does not take the table's end from before it.
         self._head = None
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            if attempt > 1:
+                log.info(
+                    "batch %d: the commit that landed first is not pipeline %r's; the batch is "
+                    "written again on the table as it is now (attempt %d of %d)",
+                    commit.batch_id,
+                    commit.pipeline_id,
+                    attempt,
+                    _MAX_ATTEMPTS,
+                )
+                exists, stored = self._newest(commit, start)
+            result = self._commit_once(
+                rows, commit, start, first_reads, expected_seq, exists, stored
+            )
+            if result is not None:
+                return result
+        raise FencingError(
+            f"batch {commit.batch_id}: lost the commit race {_MAX_ATTEMPTS} times in a row on "
+            f"{self.table_uri} to writers that are not this pipeline (compactions, other jobs); "
+            "stop them, then restart."
+        )
+
+    def _commit_once(
+        self,
+        rows: Rows,
+        commit: BatchCommit,
+        start: Offsets | None,
+        first_reads: Offsets | None,
+        expected_seq: int | None,
+        exists: bool,
+        stored: StoredOffsets | None,
+    ) -> SinkResult | None:
+        """One write of the batch on the table where the pipeline's newest commit is
+        ``stored``: its result; None when its commit lost to a writer that is no run of the
+        pipeline (a compaction that rewrote files a MERGE read, a job that changed the table's
+        schema), the pipeline's newest commit read back unchanged, so the caller writes again."""
         if self._is_replay(stored, commit):
             log.info(
                 "batch %d of %s is already in the table (%s): replay skipped",
@@ -349,6 +397,7 @@ class DeltaSparkSink:
         # committed, and where, without reading the log back (CommitWatch).
         watched = isinstance(rows, DataFrame) and CommitWatch.applies(frame)
         watch: CommitWatch | None = None
+        raced = False
         try:
             if count:
                 clauses = merge_clauses(self.mode, frame.columns)
@@ -390,8 +439,8 @@ class DeltaSparkSink:
             if not lost_race(exc):
                 raise
             first = str(exc).splitlines()[0][:200]
-            log.info("batch %d: a concurrent run committed first (%s)", commit.batch_id, first)
-            watch = None
+            log.info("batch %d: another commit landed first (%s)", commit.batch_id, first)
+            watch, raced = None, True
         if watch is not None and (landed := self._landed(watch, stored, commit)) is not None:
             version, observed = landed
             rows_written = count if count is not None else observed
@@ -425,6 +474,8 @@ class DeltaSparkSink:
                 "batch %d of %s was committed by a concurrent run", commit.batch_id, commit.app_id
             )
             return SinkResult(written=False, rows=0, delta_version=None, read_back_s=read_back_s)
+        if raced and _same_commit(after, stored):
+            return None
         # Pinned to a commit of the pipeline (the dead-letter table): the caller looks again.
         lost = FencingError if expected_seq is None else TableMovedError
         raise lost(
