@@ -927,7 +927,7 @@ def test_an_upsert_whose_merge_loses_to_a_compaction_is_written_again_and_lands_
     sink.commit_batch(_ids(spark, 3), BatchCommit("p", "p.q", 1, {"o": {0: 3}}), {"o": {0: 2}})
     asked, done = tmp_path / "compact", tmp_path / "compacted"
 
-    def compacting_once(value: int) -> int:
+    def compacting_once(value):  # no type hints: pyspark would look for an Arrow UDF in them
         # Evaluated inside the MERGE, after it took its snapshot: the first call has the table
         # compacted, by this Python worker through delta-rs or by the driver through Spark.
         try:

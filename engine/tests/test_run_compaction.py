@@ -144,7 +144,8 @@ def test_the_runs_compaction_never_commits_with_the_txn_and_record_of_a_batchs_m
     """A batch's MERGE sets its txn and record as session confs (delta_txn_confs). Under Spark
     Connect the batch runs in the session the run was given, so the run's compaction runs in a
     session of its own: an OPTIMIZE in the batch's session during the MERGE committed with the
-    batch's txn and record, read back as the batch though its rows never landed."""
+    batch's txn and record, a commit carrying the batch's offsets and fence but none of its
+    rows."""
     from conftest import skip_without_connectors
     from kafka_delta.delta.spark_commit import delta_txn_confs
     from kafka_delta.offsets.model import BatchCommit
