@@ -163,7 +163,7 @@ def run_faulty(
 
 
 def pause_broker(
-    broker: broker_mod.EmbeddedBroker,
+    broker: broker_mod.Broker,
     proc: subprocess.Popen[bytes],
     producer: RoundProducer,
     after_s: float,
@@ -342,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         f"seed={args.seed} kills={args.kills} resets={args.resets} per_round={args.per_round} "
         f"sink={args.sink} format={args.format} table={table}"
     )
-    broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+    broker = broker_mod.start_broker(
+        broker_mod.dev_broker(log_path=args.workdir / "broker.log", folder=args.workdir / "kafka")
+    )
     bootstrap = broker.bootstrap_servers
     env = generated.env()
     command = generated.command(config, bootstrap)

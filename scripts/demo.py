@@ -137,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     config = config_mod.load_config(project / "conf" / f"{env_name}.yaml")
     topics = list(config.kafka.topics)
 
-    say("starting the embedded Kafka-compatible broker (Tansu) on 127.0.0.1")
-    broker = broker_mod.EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+    say("starting a Kafka broker (Apache Kafka, one KRaft node) on 127.0.0.1")
+    broker = broker_mod.start_broker(
+        broker_mod.dev_broker(log_path=args.workdir / "broker.log", folder=args.workdir / "kafka")
+    )
     registry = None
     try:
         bootstrap = broker.bootstrap_servers

@@ -143,12 +143,14 @@ def main(argv: list[str]) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
-    from kafka_delta_dev.broker import EmbeddedBroker
+    from kafka_delta_dev.broker import dev_broker, start_broker
 
     broker = None
     bootstrap = args.bootstrap_servers
     if bootstrap is None:
-        broker = EmbeddedBroker(log_path=args.workdir / "broker.log").start()
+        broker = start_broker(
+            dev_broker(log_path=args.workdir / "broker.log", folder=args.workdir / "kafka")
+        )
         bootstrap = broker.bootstrap_servers
     several = args.tables > 1
     log(

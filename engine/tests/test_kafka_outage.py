@@ -32,7 +32,7 @@ from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError, total_lag
 from kafka_delta.kafka.outage import kafka_down
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.sources.kafka_datasource import OffsetRange, read_range
-from kafka_delta_dev.broker import BrokerError, EmbeddedBroker
+from kafka_delta_dev.broker import Broker, BrokerError, dev_broker, start_broker
 from kafka_delta_dev.orders import TRANSFORM as ORDERS
 from kafka_delta_dev.produce import ensure_topics, produce_events
 from kafka_delta_dev.pytest_plugin import connector_conf
@@ -44,11 +44,11 @@ PAUSE_S = float(os.environ.get("KAFKA_DELTA_OUTAGE_PAUSE_S", "45"))
 
 
 @pytest.fixture
-def own_broker() -> Iterator[EmbeddedBroker]:
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        pytest.skip("pauses a broker process of its own: needs the embedded broker")
+        pytest.skip("pauses a broker process of its own: needs the development broker")
     try:
-        broker = EmbeddedBroker().start()
+        broker = start_broker(dev_broker(folder=tmp_path / "kafka"))
     except BrokerError as exc:
         pytest.skip(f"no Kafka broker: {exc}")
     assert broker.process is not None
@@ -81,7 +81,7 @@ def _rows(cfg: PipelineConfig) -> int:
 
 @pytest.mark.parametrize("outage", ["paused", "killed"])
 def test_a_read_task_whose_broker_stops_answering_says_kafka_is_unavailable_naming_it(
-    own_broker: EmbeddedBroker, outage: str
+    own_broker: Broker, outage: str
 ) -> None:
     """It used to say "no records ... although the plan said they exist" (paused), or fail at
     the first transport error (killed): neither names Kafka, and the run did not wait."""
@@ -126,7 +126,7 @@ def test_a_plan_past_the_end_the_broker_reports_is_not_an_outage(
 
 
 def test_a_continuous_run_rides_out_a_paused_broker_and_stops_with_one_sentence_when_it_is_gone(
-    spark, own_broker: EmbeddedBroker, tmp_path: Path, caplog, capsys
+    spark, own_broker: Broker, tmp_path: Path, caplog, capsys
 ) -> None:
     """Records flow before and after a pause longer than a metadata request may take (the run
     used to stop 30 s into it): every record lands once, and the group ends with no lag. Then
@@ -343,7 +343,7 @@ IDLE_S = 5
 
 
 def test_spark_kafka_source_rides_out_a_paused_broker_and_every_record_lands_once(
-    spark, cluster_engine, own_broker: EmbeddedBroker, tmp_path: Path, caplog
+    spark, cluster_engine, own_broker: Broker, tmp_path: Path, caplog
 ) -> None:
     """Spark's kafka source, idle between batches, when its broker stops answering: its offset
     lookups end in the Java client's TimeoutException after about 30 s (three tries of
@@ -407,7 +407,7 @@ def test_spark_kafka_source_rides_out_a_paused_broker_and_every_record_lands_onc
 
 
 def test_spark_kafka_source_stops_with_one_sentence_and_exit_4_and_a_restart_loses_nothing(
-    spark, cluster_engine, own_broker: EmbeddedBroker, tmp_path: Path
+    spark, cluster_engine, own_broker: Broker, tmp_path: Path
 ) -> None:
     """The project's command on Spark's kafka source, its broker paused for longer than
     kafka.unavailable_timeout_seconds (15 s here, shorter than one attempt: a restart waits

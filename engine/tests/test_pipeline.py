@@ -163,9 +163,17 @@ def test_two_concurrent_runs_of_one_pipeline_cannot_both_commit(
 
 def _produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 4_000_000})
+    failures: list[str] = []
     for i, value in enumerate(values):
-        producer.produce(topic, key=f"k{i}".encode(), value=value, partition=0)
+        producer.produce(
+            topic,
+            key=f"k{i}".encode(),
+            value=value,
+            partition=0,
+            on_delivery=lambda err, _msg: failures.append(str(err)) if err else None,
+        )
         producer.flush(10)  # one record per broker batch: exact watermarks on Tansu too
+    assert not failures, failures
 
 
 BAD_VALUES: list[bytes | None] = [
@@ -180,7 +188,8 @@ BAD_VALUES: list[bytes | None] = [
 def test_bad_records_go_to_the_dead_letter_table_once_and_never_half_parsed_to_the_table(
     spark, kafka_bootstrap, new_topics, make_config
 ) -> None:
-    (topic,) = new_topics(1, partitions=1)
+    # Kafka refuses a record over 1 MB unless the topic allows it (max.message.bytes).
+    (topic,) = new_topics(1, partitions=1, config={"max.message.bytes": "4000000"})
     good = [event(i, random.Random(i)) for i in range(6)]
     values = [good[0], *BAD_VALUES[:2], good[1], good[2], *BAD_VALUES[2:], *good[3:]]
     _produce_raw(kafka_bootstrap, topic, values)

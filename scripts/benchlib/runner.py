@@ -852,9 +852,11 @@ class Bench:
     def run(self) -> int:
         say(f"==> generating a project from conf/embedded-local.yaml into {self.out / 'project'}")
         self.prepare()
-        say("==> starting the embedded broker (Tansu) on 127.0.0.1")
-        broker = self.broker_mod.EmbeddedBroker(log_path=self.out / "logs" / "broker.log")
-        broker.start()
+        broker = self.broker_mod.dev_broker(
+            log_path=self.out / "logs" / "broker.log", folder=self.out / "kafka"
+        )
+        say(f"==> starting the broker ({broker.kind}) on 127.0.0.1")
+        self.broker_mod.start_broker(broker)
         try:
             self.bootstrap = broker.bootstrap_servers
             say(f"    {self.bootstrap}")

@@ -194,6 +194,8 @@ _EXPECTED = {
     "RegistryUnavailableError": EXIT_UNAVAILABLE,
     # The brokers stayed unreachable for kafka.unavailable_timeout_seconds (kafka/outage.py).
     "KafkaUnavailableError": EXIT_UNAVAILABLE,
+    # The brokers refused the client's login or TLS handshake (kafka/refusals.py).
+    "KafkaRefusedError": EXIT_REFUSED,
 }
 
 

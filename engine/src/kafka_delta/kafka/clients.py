@@ -123,6 +123,26 @@ class OncePerMessage(logging.Filter):
             return True
 
 
+class RefusalsSaidElsewhere(logging.Filter):
+    """Keeps librdkafka's lines about a refusal (a failed SASL login, a failed TLS handshake, a
+    plaintext request to a TLS listener) out of a run's log: the call that fails says it in
+    one sentence with the settings to check (:mod:`.refusals`), and a line above it would only
+    say it again, in librdkafka's words. ``--log-level DEBUG`` shows them, as DEBUG."""
+
+    _REFUSAL = re.compile(
+        r"SASL authentication error|SSL handshake failed|"
+        r"incorrect security\.protocol configuration|certificate verify failed"
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._REFUSAL.search(record.getMessage()):
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 _logger_lock = threading.Lock()
 
 
@@ -131,5 +151,6 @@ def librdkafka_logger() -> logging.Logger:
     logger = logging.getLogger(__name__)
     with _logger_lock:
         if not any(isinstance(f, OncePerMessage) for f in logger.filters):
+            logger.addFilter(RefusalsSaidElsewhere())
             logger.addFilter(OncePerMessage())
     return logger

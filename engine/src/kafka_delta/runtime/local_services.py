@@ -54,8 +54,10 @@ def _runs(pid: int, program: bytes) -> bool:
 
 
 def broker_running(state: dict[str, Any]) -> bool:
-    """The state's broker (Tansu) is alive."""
-    return _runs(int(state["pid"]), b"tansu")
+    """The state's broker is alive: Apache Kafka's JVM (``kafka.Kafka``), or the stand-in
+    Tansu where the state says so (and in a state file written before it said)."""
+    program = b"kafka.Kafka" if state.get("kind") == "kafka" else b"tansu"
+    return _runs(int(state["pid"]), program)
 
 
 def registry_running(state: dict[str, Any]) -> bool:

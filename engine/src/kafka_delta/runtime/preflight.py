@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.delta.locations import local_path
-from kafka_delta.kafka.admin import KafkaAdmin, KafkaUnavailableError
+from kafka_delta.kafka.admin import KafkaAdmin, KafkaRefusedError, KafkaUnavailableError
 from kafka_delta.table_names import is_table_name
 
 # Long enough for a broker across a slow network to answer a metadata request, short enough
@@ -158,6 +158,8 @@ def check_kafka(config: PipelineConfig, timeout_s: float = KAFKA_TIMEOUT_S) -> N
     admin = KafkaAdmin(config.kafka.client_config(), timeout_s=timeout_s)
     try:
         admin.partitions(config.kafka.topics)
+    except KafkaRefusedError as exc:  # the brokers answered: the settings are wrong
+        raise PreflightError(f"{exc}; nothing was read or written") from None
     except KafkaUnavailableError as exc:
         raise PreflightError(
             f"{exc}: check kafka.bootstrap_servers (or --bootstrap-servers) and that the "

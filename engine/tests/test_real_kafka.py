@@ -1,0 +1,515 @@
+"""What only Apache Kafka's own broker allows, on both engines where the engine reads Kafka
+itself (the embedded source, and Spark's kafka source of the cluster engine): transactions
+filtered for ``read_committed`` readers, an open transaction at the end of the log, partitions
+added to a running pipeline, records deleted before they were read, a log-compacted topic, a
+broker SIGKILLed and restarted, and a cluster of three whose leader dies or whose third broker
+never comes.
+
+The stand-in Tansu does none of these as Kafka does (engine/docs/limits.md): where it is the
+session's broker (Kafka's jars could not be fetched), these tests skip saying so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from deltalake import DeltaTable
+
+from conftest import engine_config, skip_without_connectors
+from kafka_delta.cli import EXIT_REFUSED, _failed, main
+from kafka_delta.config import PipelineConfig
+from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
+from kafka_delta.kafka.admin import KafkaAdmin, total_lag
+from kafka_delta.pipeline import Pipeline
+from kafka_delta.progress.batch import BatchProgress
+from kafka_delta_dev.kafka_cluster import KafkaCluster
+from kafka_delta_dev.produce import Transaction, ensure_topics, event, produce_events
+from support import assert_exactly_once, table_ids, table_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.usefixtures("apache_kafka")]
+
+# The engines that read Kafka themselves: the embedded source (librdkafka) and Spark's kafka
+# source (the Java client), each with its own sink.
+ENGINES = ["embedded", "cluster"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, spark) -> dict[str, str]:
+    chosen = engine_config(request.param)
+    skip_without_connectors(spark, chosen)
+    return chosen
+
+
+class Progress:
+    """A progress listener keeping every batch's figures."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchProgress] = []
+
+    def on_batch(self, progress: BatchProgress) -> None:
+        self.batches.append(progress)
+
+
+class Running:
+    """A continuous run of ``cfg`` in a thread: ``stop()`` asks it to stop after its batch and
+    returns what it ended with (None, or the exception)."""
+
+    def __init__(self, spark, cfg: PipelineConfig) -> None:
+        self.progress = Progress()
+        self.pipeline = Pipeline(spark, cfg, listeners=[self.progress])
+        self.outcome: list[BaseException | None] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.pipeline.run()
+            self.outcome.append(None)
+        except BaseException as exc:
+            self.outcome.append(exc)
+
+    def wait(self, what: str, done: Callable[[], bool], timeout_s: float = 180) -> float:
+        started = time.monotonic()
+        while not done():
+            assert not self.outcome, f"{what}: the run ended with {self.outcome[0]!r}"
+            assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
+            time.sleep(0.3)
+        return time.monotonic() - started
+
+    def stop(self) -> BaseException | None:
+        self.pipeline.request_stop()
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the run did not stop"
+        return self.outcome[0] if self.outcome else None
+
+
+def continuous(cfg: PipelineConfig) -> PipelineConfig:
+    return cfg.with_overrides(trigger={"mode": "processing_time", "interval_seconds": 0.5})
+
+
+def stored_offsets(cfg: PipelineConfig) -> dict[str, dict[int, int]]:
+    stored = DeltaRsOffsetStore(cfg.delta.table, cfg.pipeline_id).read()
+    assert stored is not None
+    return stored.offsets
+
+
+def high_watermarks(bootstrap: str, partitions: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    """Each partition's high watermark (what a lag tool counts to, open transactions
+    included): read_uncommitted."""
+    admin = KafkaAdmin({"bootstrap.servers": bootstrap, "isolation.level": "read_uncommitted"})
+    return admin.latest(partitions)
+
+
+def verify(cfg: PipelineConfig, tmp_path: Path, capsys) -> tuple[int, str]:
+    path = tmp_path / "conf" / "verify.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    status = main(["offsets", "verify", "--config", str(path), "--against-kafka", "--ids", "id"])
+    return status, capsys.readouterr().out
+
+
+# -- transactions -------------------------------------------------------------------------------
+
+
+def test_aborted_transactions_never_land_and_committed_ones_land_once_across_their_markers(
+    spark, kafka_bootstrap, new_topics, make_config, engine, tmp_path, capsys
+) -> None:
+    topics = new_topics(2, partitions=2)
+    tx = Transaction(kafka_bootstrap, f"tx-{uuid.uuid4().hex[:8]}")
+    rng = random.Random(1)
+    expected: list[int] = []
+    for n in range(8):  # 8 transactions of 40 records over both topics; every fourth aborted
+        tx.begin()
+        ids = range(n * 40, n * 40 + 40)
+        for i in ids:
+            tx.send(topics[i % 2], (i // 2) % 2, event(i, rng))
+        if n % 4 == 3:
+            tx.abort()
+        else:
+            tx.commit()
+            expected += ids
+    produce_events(kafka_bootstrap, topics, 100, first_id=1000)  # then plain records
+    expected += range(1000, 1100)
+    cfg = make_config(topics, engine=engine, max_records_per_trigger=60)
+
+    Pipeline(spark, cfg).run()
+
+    ids = table_ids(cfg)
+    assert sorted(ids) == sorted(expected) and max(ids.values()) == 1
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions(topics)
+    # Every transaction ended: the last stable offset is the high watermark, markers included.
+    latest = admin.latest(partitions)
+    assert latest == high_watermarks(kafka_bootstrap, partitions)
+    assert stored_offsets(cfg) == latest == admin.committed(cfg.kafka.consumer_group, partitions)
+    status, out = verify(cfg, tmp_path, capsys)
+    assert status == 0, out
+
+
+def test_an_open_transaction_at_the_end_of_the_log_is_not_waited_for_and_lands_once_committed(
+    spark, kafka_bootstrap, new_topics, make_config, engine
+) -> None:
+    """Its records sit between the last stable offset and the high watermark: a run until
+    caught up ends at the last stable offset, which it stores and commits to the group (a lag
+    tool counting to the high watermark shows the open records as lag, which they are); a
+    continuous run lands them once the transaction commits."""
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 20)  # offsets 0-19
+    tx = Transaction(kafka_bootstrap, f"tx-{uuid.uuid4().hex[:8]}").begin()
+    rng = random.Random(2)
+    for i in range(20, 30):
+        tx.send(topic, 0, event(i, rng))
+    tx.flush()  # offsets 20-29, open: last stable offset 20, high watermark 30
+    cfg = make_config([topic], engine=engine)
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    assert admin.latest({topic: [0]}) == {topic: {0: 20}}
+    assert high_watermarks(kafka_bootstrap, {topic: [0]}) == {topic: {0: 30}}
+
+    started = time.monotonic()
+    summary = Pipeline(spark, cfg).run()
+    took = time.monotonic() - started
+
+    assert_exactly_once(cfg, 20)
+    assert summary.end_offsets == stored_offsets(cfg) == {topic: {0: 20}}
+    committed = admin.committed(cfg.kafka.consumer_group, {topic: [0]})
+    assert committed == {topic: {0: 20}}
+    assert total_lag(admin.latest({topic: [0]}), committed) == 0  # nothing readable is behind
+    assert total_lag(high_watermarks(kafka_bootstrap, {topic: [0]}), committed) == 10
+    print(f"the run until caught up ended in {took:.1f} s beside the open transaction")
+
+    running = Running(spark, continuous(cfg))
+    try:
+        running.wait("the run's first batch", lambda: bool(running.progress.batches), 120)
+        tx.commit()  # its marker takes offset 30
+        running.wait("the committed transaction's records", lambda: table_rows(cfg) >= 30)
+        running.wait(
+            "the marker stored",
+            lambda: admin.committed(cfg.kafka.consumer_group, {topic: [0]}) == {topic: {0: 31}},
+            60,
+        )
+    finally:
+        assert running.stop() is None
+    assert_exactly_once(cfg, 30)
+    assert stored_offsets(cfg) == {topic: {0: 31}}
+    last = running.progress.batches[-1]
+    assert last.lag == {topic: {0: 0}}, last
+
+
+# -- partitions added ---------------------------------------------------------------------------
+
+
+def test_partitions_added_to_a_running_pipeline_land_once_and_the_lag_is_known_again(
+    spark, kafka_bootstrap, new_topics, make_config, engine
+) -> None:
+    """The feature table's last "untestable" row. The run's lag client used to keep the
+    partitions it first saw: every progress line after the growth said
+    ``behind_latest=unknown (... Local: Unknown partition)``."""
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 100)
+    cfg = continuous(make_config([topic], engine=engine, max_records_per_trigger=100))
+    running = Running(spark, cfg)
+    try:
+        running.wait("the first 100 records", lambda: table_rows(cfg) >= 100)
+        futures = AdminClient({"bootstrap.servers": kafka_bootstrap}).create_partitions(
+            [NewPartitions(topic, 4)]
+        )
+        for future in futures.values():
+            future.result()
+        grown = time.monotonic()
+        produce_events(kafka_bootstrap, [topic], 200, first_id=100)  # over all 4 partitions
+        running.wait("the 200 records after the growth", lambda: table_rows(cfg) >= 300, 240)
+
+        def lag_known_on_four() -> bool:
+            batches = [b for b in running.progress.batches if b.finished_at > time.time() - 60]
+            return any(
+                len(b.end_offsets.get(topic, {})) == 4 and b.lag is not None for b in batches
+            )
+
+        running.wait("a batch over 4 partitions with its lag known", lag_known_on_four, 60)
+        print(f"landed the grown topic's records {time.monotonic() - grown:.0f} s after growth")
+    finally:
+        assert running.stop() is None
+    after = [b for b in running.progress.batches if len(b.end_offsets.get(topic, {})) == 4]
+    assert after and all(b.lag is not None for b in after), [b.lag_error for b in after]
+    assert_exactly_once(cfg, 300)
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions([topic])
+    assert partitions == {topic: [0, 1, 2, 3]}
+    assert stored_offsets(cfg) == admin.latest(partitions)
+    assert admin.committed(cfg.kafka.consumer_group, partitions) == admin.latest(partitions)
+
+
+def test_a_long_lived_client_learns_partitions_added_after_it_first_asked(
+    kafka_bootstrap, new_topics
+) -> None:
+    """librdkafka answers a ListOffsets for a partition its metadata cache has not seen with
+    "Local: Unknown partition" instead of asking the cluster (the defect above, at its root)."""
+    (topic,) = new_topics(1, partitions=2)
+    produce_events(kafka_bootstrap, [topic], 4)
+    admin = KafkaAdmin({"bootstrap.servers": kafka_bootstrap})
+    assert admin.latest({topic: [0, 1]}) == {topic: {0: 2, 1: 2}}
+    futures = AdminClient({"bootstrap.servers": kafka_bootstrap}).create_partitions(
+        [NewPartitions(topic, 3)]
+    )
+    for future in futures.values():
+        future.result()
+    assert admin.latest({topic: [0, 1, 2]}) == {topic: {0: 2, 1: 2, 2: 0}}
+
+
+# -- records deleted before they were read ------------------------------------------------------
+
+
+def _delete_records(bootstrap: str, topic: str, partition: int, before: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_records([TopicPartition(topic, partition, before)])
+    for future in futures.values():
+        future.result()
+
+
+def test_records_deleted_before_they_were_read_stop_the_run_with_one_sentence_or_are_skipped(
+    spark, kafka_bootstrap, new_topics, make_config, engine, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1)
+    produce_events(kafka_bootstrap, [topic], 50)
+    cfg = make_config([topic], engine=engine)
+    Pipeline(spark, cfg).run()
+    produce_events(kafka_bootstrap, [topic], 50, first_id=50)  # offsets 50-99
+    _delete_records(kafka_bootstrap, topic, 0, 80)  # 50-79 deleted, never read
+    version = len(list((Path(cfg.delta.table) / "_delta_log").glob("*.json")))
+
+    with pytest.raises(Exception) as raised:
+        Pipeline(spark, cfg).run()
+    capsys.readouterr()
+    assert _failed(cfg.pipeline_id, raised.value) == EXIT_REFUSED
+    sentence = capsys.readouterr().err.strip()
+    assert sentence.count("\n") == 0, sentence
+    assert f"{topic}[0] needs offset 50 but the earliest available is 80" in sentence, sentence
+    assert "30 records deleted before they were read" in sentence, sentence
+    assert "Nothing was written" in sentence and "fail_on_data_loss: false" in sentence
+    assert len(list((Path(cfg.delta.table) / "_delta_log").glob("*.json"))) == version
+    assert_exactly_once(cfg, 50)
+
+    skipping = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
+    Pipeline(spark, skipping).run()
+    ids = table_ids(cfg)
+    assert sorted(ids) == [*range(50), *range(80, 100)] and max(ids.values()) == 1
+    assert stored_offsets(cfg) == {topic: {0: 100}}
+
+
+# -- a log-compacted topic ------------------------------------------------------------------------
+
+COMPACTED = {
+    "cleanup.policy": "compact",
+    # Small segments, rolled often, cleaned at once: compaction within seconds, not hours.
+    "segment.ms": "200",
+    "min.cleanable.dirty.ratio": "0.001",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
+}
+
+
+def _offsets_held(bootstrap: str, topic: str) -> list[int]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"peek-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    offsets = []
+    try:
+        while True:
+            message = consumer.poll(5)
+            if message is None:
+                break
+            if message.error():
+                break  # end of partition
+            offsets.append(message.offset())
+    finally:
+        consumer.close()
+    return offsets
+
+
+def test_a_compacted_topic_is_read_exactly_once_across_the_gaps_compaction_leaves(
+    spark, kafka_bootstrap, new_topics, make_config, engine, tmp_path, capsys
+) -> None:
+    (topic,) = new_topics(1, partitions=1, config=COMPACTED)
+    producer_rng = random.Random(3)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    for i in range(120):  # 12 keys, 10 versions each, one segment roll after another
+        producer.produce(
+            topic, key=f"k{i % 12}".encode(), value=event(i, producer_rng), partition=0
+        )
+        producer.flush(10)
+        if i % 20 == 19:
+            time.sleep(0.25)
+    deadline = time.monotonic() + 60
+    while len(held := _offsets_held(kafka_bootstrap, topic)) >= 110:
+        assert time.monotonic() < deadline, "the log cleaner did not compact the topic in 60 s"
+        producer.produce(topic, key=b"roll", value=event(10_000, producer_rng), partition=0)
+        producer.flush(10)
+        time.sleep(1)
+    cfg = make_config([topic], engine=engine, max_records_per_trigger=25)
+
+    Pipeline(spark, cfg).run()
+
+    held = _offsets_held(kafka_bootstrap, topic)  # the cleaner may have gone on meanwhile
+    offsets = sorted(DeltaTable(cfg.delta.table).to_pyarrow_table()["offset"].to_pylist())
+    assert len(offsets) == len(set(offsets))
+    assert set(held) <= set(offsets), sorted(set(held) - set(offsets))
+    assert len(offsets) < 120, "nothing was compacted away before the run read the topic"
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    assert stored_offsets(cfg) == admin.latest({topic: [0]})
+    status, out = verify(cfg, tmp_path, capsys)
+    assert status == 0, out
+
+
+# -- a broker that dies ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_kafka(tmp_path: Path) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(tmp_path / "kafka").start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _config(make_config, bootstrap: str, topics: list[str], engine, **kafka) -> PipelineConfig:
+    cfg = make_config(topics, engine=engine, **kafka)
+    return continuous(
+        cfg.with_overrides(
+            **{"kafka.bootstrap_servers": bootstrap, "kafka.unavailable_timeout_seconds": 180}
+        )
+    )
+
+
+def test_a_broker_sigkilled_and_restarted_mid_run_is_ridden_out_exactly_once(
+    spark, own_kafka: KafkaCluster, make_config, engine
+) -> None:
+    bootstrap = own_kafka.bootstrap_servers
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topics(bootstrap, [topic], 2)
+    produce_events(bootstrap, [topic], 200)
+    cfg = _config(make_config, bootstrap, [topic], engine, max_records_per_trigger=50)
+    running = Running(spark, cfg)
+    try:
+        running.wait("the first records", lambda: table_rows(cfg) >= 50)
+        own_kafka.kill()
+        time.sleep(5)
+        own_kafka.start_node(1)
+        restarted = time.monotonic()
+        produce_events(bootstrap, [topic], 200, first_id=200)
+        running.wait("every record after the restart", lambda: table_rows(cfg) >= 400, 240)
+        admin = KafkaAdmin(cfg.kafka.client_config())
+        partitions = admin.partitions([topic])
+        running.wait(
+            "the group's lag 0",
+            lambda: (
+                total_lag(
+                    admin.latest(partitions), admin.committed(cfg.kafka.consumer_group, partitions)
+                )
+                == 0
+            ),
+            60,
+        )
+        print(f"caught up {time.monotonic() - restarted:.0f} s after the broker came back")
+    finally:
+        assert running.stop() is None
+    assert_exactly_once(cfg, 400)
+
+
+@pytest.fixture
+def three_brokers(tmp_path: Path) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(
+        tmp_path / "kafka",
+        nodes=3,
+        properties={"default.replication.factor": "3", "min.insync.replicas": "2"},
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _leader(bootstrap: str, topic: str, partition: int) -> int:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return metadata.topics[topic].partitions[partition].leader
+
+
+def test_the_leader_of_a_partition_the_run_reads_is_sigkilled_and_the_run_rides_it_out(
+    spark, three_brokers: KafkaCluster, make_config, engine
+) -> None:
+    bootstrap = three_brokers.bootstrap_servers
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topics(bootstrap, [topic], 4, replication=3, config={"min.insync.replicas": "2"})
+    produce_events(bootstrap, [topic], 400)
+    cfg = _config(make_config, bootstrap, [topic], engine, max_records_per_trigger=100)
+    running = Running(spark, cfg)
+    try:
+        running.wait("the first batch", lambda: table_rows(cfg) >= 100)
+        leader = _leader(bootstrap, topic, 0)
+        commits_before = len(running.progress.batches)
+        killed = time.monotonic()
+        three_brokers.kill(leader)
+        produce_events(bootstrap, [topic], 400, first_id=400)  # acks=all: two replicas in sync
+        running.wait("every record after the kill", lambda: table_rows(cfg) >= 800, 240)
+        batches = running.progress.batches[commits_before:]
+        stall = max(
+            (b.finished_at - a.finished_at for a, b in itertools.pairwise(batches)),
+            default=0.0,
+        )
+        print(
+            f"node {leader} (leader of {topic}[0]) killed; longest gap between commits after "
+            f"it {stall:.1f} s; all landed {time.monotonic() - killed:.0f} s after the kill"
+        )
+        admin = KafkaAdmin(cfg.kafka.client_config())
+        partitions = admin.partitions([topic])
+        running.wait(
+            "the group's lag 0",
+            lambda: (
+                total_lag(
+                    admin.latest(partitions), admin.committed(cfg.kafka.consumer_group, partitions)
+                )
+                == 0
+            ),
+            60,
+        )
+    finally:
+        assert running.stop() is None
+    assert_exactly_once(cfg, 800)
+
+
+def test_a_run_reads_and_commits_from_two_brokers_while_the_third_stays_down(
+    spark, three_brokers: KafkaCluster, make_config, engine
+) -> None:
+    bootstrap = three_brokers.bootstrap_servers
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topics(bootstrap, [topic], 4, replication=3, config={"min.insync.replicas": "2"})
+    produce_events(bootstrap, [topic], 300)
+    three_brokers.kill(3)  # down before the run starts, and it stays down
+    cfg = make_config([topic], engine=engine, max_records_per_trigger=100).with_overrides(
+        **{"kafka.bootstrap_servers": bootstrap}
+    )
+    started = time.monotonic()
+    Pipeline(spark, cfg).run()
+    print(f"the run with one broker of three down took {time.monotonic() - started:.0f} s")
+    assert_exactly_once(cfg, 300)
+    admin = KafkaAdmin(cfg.kafka.client_config())
+    partitions = admin.partitions([topic])
+    assert stored_offsets(cfg) == admin.latest(partitions)
+    assert admin.committed(cfg.kafka.consumer_group, partitions) == admin.latest(partitions)
