@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from cookiecutter.main import cookiecutter
 from deltalake import DeltaTable
@@ -163,9 +163,18 @@ def kafka_view(bootstrap: str, group: str, topics: list[str]) -> dict[str, Any]:
     metadata = admin.list_topics(timeout=10)
     partitions = {t: sorted(metadata.topics[t].partitions) for t in topics}
     request = [TopicPartition(t, p) for t, parts in partitions.items() for p in parts]
-    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, request)])
+    # A consumer of the group that joins nothing, not the admin API: librdkafka 2.16's admin
+    # ListConsumerGroupOffsets can die with SIGSEGV when the coordinator moves or is loading
+    # (kafka_delta.kafka.admin.KafkaAdmin.committed).
+    reader = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        answered = reader.committed(request, timeout=30)
+    finally:
+        reader.close()
     committed: dict[str, dict[str, int]] = {}
-    for tp in result[group].result().topic_partitions:
+    for tp in answered:
         if tp.offset >= 0:
             committed.setdefault(tp.topic, {})[str(tp.partition)] = tp.offset
     ends: dict[str, dict[str, int]] = {}

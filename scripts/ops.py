@@ -158,7 +158,9 @@ def main(argv: list[str]) -> int:
         f"moves: {', '.join(moves_of(several))}"
     )
     spark = spark_session(confs)
-    runner = Runner(spark, bootstrap, args.workdir, args.sink, log, several)
+    # A broker of one's own (--bootstrap-servers) is taken for a real Kafka.
+    kafka = broker is None or broker.kind == "kafka"
+    runner = Runner(spark, bootstrap, args.workdir, args.sink, log, several, kafka)
     seeds = args.seeds or ([args.seed] if replays else [args.seed + n for n in range(args.random)])
     # (seed, moves) of every sequence: each replay on each seed, else each seed's drawn moves.
     runs = [

@@ -115,8 +115,20 @@ def test_random_operator_moves_leave_every_record_exactly_once(tmp_path: Path, s
     if sink == "delta_spark" and DELTA in missing_connectors(os.environ):
         pytest.skip(skip_reason(os.environ, [DELTA]))
     offered, made, _ = _run_ops(tmp_path, sink, 1, SEEDS)
-    # The seeds make every move (Tansu refuses CreatePartitions: add_partitions is a no-op here).
+    # The seeds make every move but add_partitions, which seed 1440 makes (the test below).
     assert set(offered.split(", ")) - {"add_partitions"} <= made, made
+
+
+def test_a_partition_added_beside_a_live_run_after_aborted_transactions_lands_exactly_once(
+    tmp_path: Path, apache_kafka: None
+) -> None:
+    """Seed 1440 (searched over seeds 1-5000 for a partition added while a run is live, records
+    produced after it, and a transaction, which on Kafka comes with an aborted one before it):
+    bad records, maintenance, a continuous run, a RESTORE under it, the transactions, a
+    partition added, then records on every partition, the new one among them."""
+    *_, output = _run_ops(tmp_path, "delta_rs", 1, [1440])
+    assert re.search(r"add_partitions\(30\): \S+ gained a partition", output), output[-4000:]
+    assert re.search(r"produce_txn\(119, 11\): 11 in an aborted one", output), output[-4000:]
 
 
 @pytest.mark.parametrize("sink", ["delta_rs", "delta_spark"])

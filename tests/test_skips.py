@@ -5,18 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kafka_delta_dev import connector_jars
-from skips import NOTHING_MISSING, is_allowed
+from kafka_delta_dev import connector_jars, kafka_cluster, maven
+from skips import NOTHING_MISSING, STAND_IN, is_allowed
 
 ONLY_DELTA = "delta-spark jars not on the classpath"
 ONLY_KAFKA = "spark-sql-kafka jars not on the classpath"
 BOTH = "delta-spark and spark-sql-kafka jars not on the classpath"
 
 
-def test_without_maven_the_jar_tests_may_skip_saying_so(tmp_path: Path) -> None:
-    # A machine without mvn and nothing in the cache: neither connector, and the reason says why.
+def test_without_java_the_jar_tests_may_skip_saying_so(tmp_path: Path) -> None:
+    # A machine without Java and nothing in the cache: neither connector, and the reason says
+    # why (Ivy, which fetches them, runs on Java).
     bare = {"KAFKA_DELTA_JAR_CACHE": str(tmp_path / "cache"), "PATH": str(tmp_path)}
-    why = "Maven (mvn) is not on PATH to fetch them"
+    why = "Java (java) is not on PATH and JAVA_HOME is unset to fetch them"
     for reason in (ONLY_DELTA, ONLY_KAFKA, BOTH):
         assert is_allowed(f"{reason}: {why}", bare) and is_allowed(
             f"Skipped: {reason}: {why}", bare
@@ -32,7 +33,7 @@ def test_a_failed_maven_resolution_is_the_reason_and_a_resolved_cache_allows_no_
     env = {"KAFKA_DELTA_JAR_CACHE": str(tmp_path), "PATH": os.environ["PATH"]}
     folder = connector_jars.folder_for(connector_jars.coordinates(), tmp_path)
     failed = folder.with_name(folder.name + ".FAILED")
-    failed.write_text("Maven could not resolve x:y:1: its repository does not serve x:y:jar:1\n")
+    failed.write_text("Ivy could not resolve x:y:1: its repository does not serve x#y;1\n")
     why = failed.read_text().strip()
     assert is_allowed(f"{BOTH}: {why}", env)
     # Resolved (a MANIFEST written last): both connectors are there and no jar test may skip.
@@ -60,6 +61,20 @@ def test_a_folder_of_ones_own_overrides_the_cache(tmp_path: Path) -> None:
     assert is_allowed(NOTHING_MISSING, packages) and not is_allowed(
         f"{ONLY_KAFKA}: {why}", packages
     )
+
+
+def test_a_test_of_what_only_kafka_does_may_skip_only_where_the_broker_is_the_stand_in(
+    tmp_path: Path,
+) -> None:
+    reason = f"{STAND_IN}Apache Kafka's jars are not at hand (they were never fetched here)"
+    bare = {"KAFKA_DELTA_JAR_CACHE": str(tmp_path / "empty")}
+    assert is_allowed(reason, bare)
+    assert is_allowed(reason, {**os.environ, "KAFKA_DELTA_BROKER": "tansu"})
+    # Kafka's jars in the cache: the broker is Kafka, and no such test may skip.
+    folder = maven.folder_for(kafka_cluster.jar_set(), tmp_path / "cache")
+    folder.mkdir(parents=True)
+    (folder / maven.MANIFEST).write_text("x\n")
+    assert not is_allowed(reason, {"KAFKA_DELTA_JAR_CACHE": str(tmp_path / "cache")})
 
 
 def test_a_shallow_clone_may_skip_the_migration_from_a_commit_it_lacks() -> None:

@@ -260,7 +260,7 @@ def test_console_script_uses_the_broker_scripts_broker_sh_started_and_says_so(
             timeout=120,
             check=False,
         )
-        assert shown.returncode == 0, shown.stderr
+        assert shown.returncode == 0, (shown.stdout, shown.stderr)
         assert json.loads(shown.stdout)["stored"]["offsets"] == {topic: {"0": 10}}
         assert shown.stderr.splitlines() == [
             f"using the broker scripts/broker.sh started, at {address} ({state}; "

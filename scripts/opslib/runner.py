@@ -64,6 +64,7 @@ class Runner:
         sink: str,
         log: Callable,
         several: bool = False,
+        kafka: bool = True,
     ) -> None:
         self.spark, self.bootstrap, self.workdir, self.sink, self.log = (
             spark,
@@ -73,12 +74,20 @@ class Runner:
             log,
         )
         self.several = several  # a pipeline of several tables (world.ROUTES)
+        self.kafka = kafka  # Apache Kafka, not the stand-in: aborted transactions are filtered
 
     def run(self, seed: int, moves: list[Move]) -> Result:
         """Run ``moves`` after the prologue on fresh topics and a fresh table."""
         name = f"s{seed}-{uuid.uuid4().hex[:6]}"
         world = World(
-            self.spark, self.bootstrap, self.workdir, self.sink, name, self.log, self.several
+            self.spark,
+            self.bootstrap,
+            self.workdir,
+            self.sink,
+            name,
+            self.log,
+            self.several,
+            self.kafka,
         )
         model = Model()
         rng = random.Random(seed)
@@ -104,6 +113,8 @@ class Runner:
                 result.failed_at = len(all_moves) - 1
             return result
         except Exception:
+            # The whole traceback in the work folder; its last lines (the error) in the result.
+            (self.workdir / f"harness-failure-{name}.txt").write_text(traceback.format_exc())
             result.stuck = "the harness failed: " + traceback.format_exc()[-1500:]
             return result
         finally:

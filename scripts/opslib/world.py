@@ -22,16 +22,16 @@ from typing import Any
 
 import pyarrow as pa
 import yaml
-from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from kafka_delta.cli import main as cli
 from kafka_delta.config import PipelineConfig
 from kafka_delta.decoding.failures import reported
+from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.orders import TRANSFORM
-from kafka_delta_dev.produce import ensure_topics, event, produce_values
+from kafka_delta_dev.produce import Transaction, ensure_topics, event, produce_values
 
 from opslib.model import Key, Model, Record, Slot
 
@@ -104,8 +104,11 @@ class World:
         name: str,
         log: Any,
         several: bool = False,
+        kafka: bool = True,
     ) -> None:
         self.spark, self.bootstrap, self.sink, self.log = spark, bootstrap, sink, log
+        # Apache Kafka's broker, not the stand-in Tansu: aborted transactions are filtered.
+        self.kafka = kafka
         # Absolute: the paths go into config files in work/conf/, and a config file's relative
         # paths hang off its project root (the folder holding conf/), not the working folder,
         # so a relative --workdir would have the commands look under work/<workdir>/<name>/.
@@ -136,6 +139,9 @@ class World:
         # Kafka's latest offsets at each catch-up point, for rewinds to them.
         self.catch_ups: list[dict[tuple[str, int], int]] = []
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.watermark_admin = KafkaAdmin(
+            {"bootstrap.servers": bootstrap, "isolation.level": "read_uncommitted"}
+        )
         self._config_seq = 0
         self.read_again = ReadAgainWarnings()
         logging.getLogger("kafka_delta.pipeline").addHandler(self.read_again)
@@ -217,13 +223,12 @@ class World:
     # -- Kafka -----------------------------------------------------------------------------
 
     def latest(self, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
-        request = {
-            KafkaTopicPartition(t, p): OffsetSpec.latest()
-            for t in topics or self.topics
-            for p in range(self.partitions[t])
-        }
-        futures = self.admin.list_offsets(request)
-        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        """Each partition's high watermark (read_uncommitted: where the next record lands),
+        through the engine's metadata client, which asks again after a stale answer (a topic
+        just created, a leader that moved)."""
+        partitions = {t: list(range(self.partitions[t])) for t in topics or self.topics}
+        latest = self.watermark_admin.latest(partitions)
+        return {(t, p): o for t, parts in latest.items() for p, o in parts.items()}
 
     def _produce(
         self, topic: str, values: list[bytes], transactional: bool = False
@@ -260,6 +265,18 @@ class World:
         model.next_id += count
         values = [event(i, rng) for i in ids]
         return self._recorded(model, topic, [("id", i) for i in ids], values, transactional)
+
+    def produce_aborted(self, model: Model, topic: str, count: int, rng: random.Random) -> None:
+        """Events in one transaction that is aborted: they take offsets but must never land
+        (a read_committed reader skips them), so the model gets no record of them, and one
+        found in a table counts as doubled (a record never produced)."""
+        ids = list(range(model.next_id, model.next_id + count))
+        model.next_id += count
+        transaction = Transaction(self.bootstrap, f"{self.pipeline_id}-{uuid.uuid4().hex[:6]}")
+        transaction.begin()
+        for n, i in enumerate(ids):
+            transaction.send(topic, n % self.partitions[topic], event(i, rng))
+        transaction.abort()
 
     def produce_bad(self, model: Model, topic: str, count: int) -> list[Record]:
         values = []

@@ -177,6 +177,9 @@ _EXPECTED = {
     "CheckpointMismatchError": EXIT_REFUSED,
     "CheckpointInUseError": EXIT_REFUSED,
     "OffsetsExpiredError": EXIT_REFUSED,
+    # Records the pipeline has not read are gone from Kafka (retention, DeleteRecords) and
+    # kafka.fail_on_data_loss is on (I5).
+    "DataLossError": EXIT_REFUSED,
     "DeadLetterError": EXIT_REFUSED,
     "TopicRecreatedError": EXIT_REFUSED,
     # The compute refuses the trigger (serverless: availableNow only).
@@ -217,7 +220,14 @@ def _failed(pipeline_id: str, exc: BaseException, transform: str | None = None) 
         if sentence is not None:
             print(f"error: {sentence}", file=sys.stderr)
             return code
-    from kafka_delta.kafka.outage import kafka_down
+    from kafka_delta.kafka.outage import kafka_down, records_lost
+
+    # Spark's kafka source reports records gone from Kafka in its own text, with no exception
+    # of ours to name it: the same expected outcome as the embedded source's DataLossError.
+    lost = records_lost(str(exc))
+    if lost is not None:
+        print(f"error: {lost}", file=sys.stderr)
+        return EXIT_REFUSED
 
     # Spark's kafka source reports an outage as the Java client's timeout, with no exception of
     # ours to name it: a run that ends on one (a stop requested while it waited the outage out)

@@ -250,6 +250,8 @@ class Pipeline(ServerCopy):
         start = positions.batch_start(
             batch_id, end, self.checkpoint, self.engine.source, self.admin
         )
+        if not self.config.kafka.fail_on_data_loss:
+            positions.say_skipped(start, end, self.admin)
         return end, [
             plan_table_batch(run, commit, start, query_id, self.tables) for run in self.tables
         ]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Starts or stops the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1, and
-# beside it the development Schema Registry (kafka_delta_dev/schema_registry_server.py; its URL in .broker.json).
+# Starts or stops a development Kafka broker on 127.0.0.1 (Apache Kafka's own, one KRaft node, its
+# state in .broker/, removed by stop; its jars are fetched once into ~/.cache/kafka-delta), and
+# beside it the development Schema Registry (kafka_delta_dev/schema_registry_server.py; its URL
+# in .broker.json). Where Kafka's jars cannot be fetched, the stand-in Tansu, saying so.
 #   scripts/broker.sh start [--port 9092]    prints the bootstrap address, keeps it in .broker.json
 #   scripts/broker.sh address                prints the running broker's address
 #   scripts/broker.sh registry-url           prints the development Schema Registry's URL

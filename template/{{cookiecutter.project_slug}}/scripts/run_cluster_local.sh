@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the pipeline on the cluster engine locally: Spark's built-in kafka source and delta-spark.
 # Their jars (delta-spark, Spark's kafka source, their dependencies), by the versions of the
-# installed pyspark and delta-spark, come from Maven Central through this machine's Maven into
-# the user's cache (`python -m kafka_delta_dev.connector_jars resolve`: once, then reused by every
-# run and by the tests). Without Maven (mvn), spark-submit fetches the same coordinates itself
-# with --packages. KAFKA_DELTA_JARS=<folder> passes every jar of a folder of one's own instead
+# installed pyspark and delta-spark, come from Maven Central through the Ivy that pyspark ships
+# (what spark-submit --packages uses; no Maven needed) into the user's cache
+# (`python -m kafka_delta_dev.connector_jars resolve`: once, then reused by every run and by the
+# tests). Where that fails, spark-submit is given the same coordinates with --packages, which
+# says why. KAFKA_DELTA_JARS=<folder> passes every jar of a folder of one's own instead
 # (an air-gapped machine): it must hold delta-spark's jars AND Spark's kafka source
 # (spark-sql-kafka-0-10 with kafka-clients and spark-token-provider-kafka-0-10). With
 # delta-spark's jars alone, use the embedded source: `engine: {source: embedded, sink:
@@ -13,8 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
-if [ -z "${KAFKA_DELTA_JARS:-}" ] && command -v mvn >/dev/null 2>&1; then
-  # The cached jars (kafka_delta_dev, the project's dev extra), fetched through Maven if new.
+if [ -z "${KAFKA_DELTA_JARS:-}" ]; then
+  # The cached jars (kafka_delta_dev, the project's dev extra), fetched if new.
   KAFKA_DELTA_JARS="$("$PYTHON" -m kafka_delta_dev.connector_jars resolve 2>/dev/null)" || KAFKA_DELTA_JARS=""
   export KAFKA_DELTA_JARS
 fi

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from kafka_delta.runtime.local_services import StateFileError, broker_running, read_state
-from kafka_delta_dev.kafka_cluster import KafkaCluster, KafkaError, jars, kafka_version
+from kafka_delta_dev.kafka_cluster import KafkaCluster, KafkaError, jar_set, jars, kafka_version
+from kafka_delta_dev.maven import failed_before
 from kafka_delta_dev.schema_registry_server import (
     LocalSchemaRegistry,
     RegistryError,
@@ -62,13 +63,12 @@ def broker_kind() -> tuple[str, str | None]:
         return "tansu", "KAFKA_DELTA_BROKER=tansu asks for it"
     if forced not in ("", "kafka"):
         raise BrokerError(f"KAFKA_DELTA_BROKER={forced} is neither kafka nor tansu")
-    if not _said and jars(resolve=False).folder is None:
+    if jars(resolve=False).folder is None and not failed_before(jar_set()):
         print(
             f"fetching Apache Kafka {kafka_version()}'s jars through pyspark's Ivy "
             "(once per version)",
             file=sys.stderr,
         )
-        _said.add("fetching")
     found = jars()
     if found.folder is not None:
         return "kafka", None

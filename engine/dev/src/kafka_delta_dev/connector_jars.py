@@ -64,12 +64,13 @@ def folder_for(coords: list[str], root: Path | None = None) -> Path:
 
 
 def current(
-    coords: list[str] | None = None, root: Path | None = None, path: str | None = None
+    coords: list[str] | None = None,
+    root: Path | None = None,
+    environ: dict[str, str] | None = None,
 ) -> Resolution:
     """What the cache holds for ``coords`` (the installed versions' by default), without
-    resolving anything; ``path``: the PATH Java is looked for on (this process's)."""
-    env = dict(os.environ) if path is None else {**os.environ, "PATH": path}
-    return maven.current(maven.JarSet("", tuple(coords or coordinates())), root, env)
+    resolving anything; ``environ``: where Java is looked for (this process's environment)."""
+    return maven.current(maven.JarSet("", tuple(coords or coordinates())), root, environ)
 
 
 def resolve(
@@ -92,7 +93,7 @@ def local_folder(environ: dict[str, str] | None = None) -> tuple[str | None, str
     env = dict(os.environ) if environ is None else environ
     if env.get("KAFKA_DELTA_JARS"):
         return env["KAFKA_DELTA_JARS"], None
-    found = current(root=cache_root(env), path=env.get("PATH"))
+    found = current(root=cache_root(env), environ=env)
     return (str(found.folder), None) if found.folder is not None else (None, found.reason)
 
 

@@ -45,6 +45,15 @@ JVM_OPTIONS = ("-Xms128m", "-Xmx1g", "-XX:+UseSerialGC", "-Djava.awt.headless=tr
 START_TIMEOUT_S = 60.0
 
 
+def _cluster_id() -> str:
+    """A KRaft cluster id as Kafka's own ``Uuid.randomUuid()`` makes them: url-safe base64 of 16
+    random bytes, never starting with "-" (which a command line takes for an option)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaError(RuntimeError):
     """The broker's jars could not be had, or a node did not start."""
 
@@ -156,7 +165,7 @@ class KafkaCluster(ChildServer):
         if found.folder is None:
             raise KafkaError(f"Apache Kafka's jars are not at hand: {found.reason}")
         self._jars = found.jars
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         formats = []
         for node in range(1, self.nodes + 1):
             shutil.rmtree(self.node_folder(node), ignore_errors=True)  # a new cluster: empty
@@ -192,7 +201,8 @@ class KafkaCluster(ChildServer):
         return [*command, "-cp", os.pathsep.join(self._jars), main, *args]
 
     def _format(self, node: int, cluster_id: str) -> subprocess.Popen[bytes]:
-        args = ["format", "-t", cluster_id, "-c", str(self.node_folder(node) / "server.properties")]
+        config = self.node_folder(node) / "server.properties"
+        args = ["format", f"--cluster-id={cluster_id}", f"--config={config}"]
         for user, password in self.scram_users.items():
             args += ["--add-scram", f"{self.scram_mechanism}=[name={user},password={password}]"]
         return subprocess.Popen(

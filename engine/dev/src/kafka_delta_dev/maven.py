@@ -121,6 +121,11 @@ def resolve(jar_set: JarSet, root: Path | None = None, *, retry: bool = False) -
         return Resolution(folder)
 
 
+def failed_before(jar_set: JarSet, root: Path | None = None) -> bool:
+    """Whether a resolution of ``jar_set`` failed before (and was not tried again since)."""
+    return _failed(folder_for(jar_set, root)).is_file()
+
+
 def _failed(folder: Path) -> Path:
     return folder.with_name(folder.name + "." + FAILED)
 

@@ -25,6 +25,7 @@ import functools
 import json
 import random
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -143,10 +144,15 @@ def ensure_topics(
     *,
     replication: int = 1,
     config: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
 ) -> None:
     """Create topics that do not exist yet (existing ones are left as they are), with
     ``replication`` replicas of each partition and the topic ``config`` given
-    (``cleanup.policy``, ``max.message.bytes``...)."""
+    (``cleanup.policy``, ``max.message.bytes``...); returns once every partition of each has a
+    leader in the cluster's metadata. Kafka answers CreateTopics before every broker knows the
+    new partitions: a ListOffsets or a produce sent at once can still meet "Unknown topic or
+    partition" (Kafka's own test utilities wait the same way)."""
+    topics = list(topics)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=10).topics)
     wanted = [
@@ -154,14 +160,30 @@ def ensure_topics(
         for t in topics
         if t not in existing
     ]
-    if not wanted:
-        return
-    for future in admin.create_topics(wanted, request_timeout=10).values():
+    for future in admin.create_topics(wanted, request_timeout=10).values() if wanted else []:
         try:
             future.result()
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = admin.list_topics(timeout=10)
+        waiting = [
+            t
+            for t in topics
+            if t not in metadata.topics
+            or metadata.topics[t].error is not None
+            or not metadata.topics[t].partitions
+            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"topics {waiting} have no leader on {bootstrap} after {timeout_s} s"
+            )
+        time.sleep(0.05)
 
 
 def event_fields(event_id: int, rng: random.Random, *, evolved: bool = False) -> dict[str, Any]:
@@ -318,10 +340,13 @@ class Transaction:
     that takes an offset of its own and holds no record.
 
     ``abort()`` flushes first: librdkafka 2.16 against Kafka 4.1 fails the abort of a
-    transaction whose records are still in flight with ``INVALID_TXN_STATE``."""
+    transaction whose records are still in flight with ``INVALID_TXN_STATE``. A transaction
+    open longer than ``timeout_s`` is aborted by Kafka (and this producer fenced): a test that
+    keeps one open across runs sets it long enough."""
 
-    def __init__(self, bootstrap: str, transactional_id: str) -> None:
-        self.producer = Producer(producer_conf(bootstrap, transactional_id))
+    def __init__(self, bootstrap: str, transactional_id: str, timeout_s: float = 60.0) -> None:
+        conf = producer_conf(bootstrap, transactional_id)
+        self.producer = Producer({**conf, "transaction.timeout.ms": int(timeout_s * 1000)})
         self.producer.init_transactions(30)
         self._failures: list[str] = []
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
+    Consumer,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -15,7 +16,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kafka_delta.kafka.clients import admin_settings
+from kafka_delta.kafka.clients import admin_settings, consumer_settings
 from kafka_delta.kafka.refusals import KafkaRefusedError, Refusals
 from kafka_delta.offsets.model import Offsets
 
@@ -170,25 +171,36 @@ class KafkaAdmin:
         return Topics(partitions, ids)
 
     def _list_offsets(
-        self, partitions: Mapping[str, list[int]], *specs: OffsetSpec
+        self,
+        partitions: Mapping[str, list[int]],
+        *specs: OffsetSpec,
+        negative_is_an_answer: bool = False,
     ) -> list[Offsets]:
         """The offsets of each spec, its requests sent together (one round trip's wait).
 
         librdkafka sends a ListOffsets request to each partition's leader as its metadata
-        cache knows them, and fails a partition that cache has not seen with "Local: Unknown
-        partition" rather than asking the cluster: a long-lived client (the run's) would never
-        learn the partitions added to a topic while it runs (until its periodic refresh, 5
-        minutes by default). So that error has the topics' metadata asked for once, and the
-        request sent again; a partition the cluster does not know either fails as before."""
+        cache knows them, and hands back what a stale cache earns without asking the cluster
+        again: "Local: Unknown partition" for a partition added to a topic since (a long-lived
+        client, the run's, would never learn it before its periodic refresh, 5 minutes by
+        default), "Not leader for partition" after a leader moved (a broker restarted, a
+        preferred-leader election), "Leader not available" or "Unknown topic or partition" for
+        a topic just created. Kafka's own clients refresh their metadata and ask again; so does
+        this one, a few times over about 2.5 s. Anything else, or the same after that, fails as
+        before."""
         try:
-            try:
-                return self._list_offsets_once(partitions, specs)
-            except KafkaException as exc:
-                if _code(exc) != KafkaError._UNKNOWN_PARTITION:
-                    raise
+            wait = 0.1
+            for attempt in range(_STALE_METADATA_ATTEMPTS):
+                try:
+                    return self._list_offsets_once(partitions, specs, negative_is_an_answer)
+                except KafkaException as exc:
+                    last_attempt = attempt == _STALE_METADATA_ATTEMPTS - 1
+                    if _code(exc) not in _STALE_METADATA or last_attempt:
+                        raise
                 for topic in partitions:
                     self._admin.list_topics(topic=topic, timeout=self._timeout)
-                return self._list_offsets_once(partitions, specs)
+                time.sleep(wait)
+                wait = min(1.0, wait * 2)
+            raise AssertionError("unreachable")
         except KafkaException as exc:
             raise self._failed(
                 exc, f"cannot list offsets on {self.bootstrap_servers}: {_reason(exc)}"
@@ -197,8 +209,13 @@ class KafkaAdmin:
             self._serve_logs()
 
     def _list_offsets_once(
-        self, partitions: Mapping[str, list[int]], specs: tuple[OffsetSpec, ...]
+        self,
+        partitions: Mapping[str, list[int]],
+        specs: tuple[OffsetSpec, ...],
+        negative_is_an_answer: bool,
     ) -> list[Offsets]:
+        """One round of ListOffsets requests; ``negative_is_an_answer``: a timestamp lookup,
+        whose -1 says no record is that recent."""
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
@@ -216,7 +233,20 @@ class KafkaAdmin:
         for futures in pending:
             result: Offsets = {topic: {} for topic in partitions}
             for tp, future in futures.items():
-                result[tp.topic][tp.partition] = future.result().offset
+                offset = future.result().offset
+                if offset < 0 and not negative_is_an_answer:
+                    # No offset, and no error: librdkafka's answer (-1001) for a partition
+                    # whose leader is gone and not yet replaced (a broker killed). Taken for a
+                    # position it reads as a topic truncated or recreated, so it is an error
+                    # the caller's retries and the run's outage handling see as such.
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError.LEADER_NOT_AVAILABLE,
+                            f"no offset of {tp.topic}[{tp.partition}] (its leader is not "
+                            "available)",
+                        )
+                    )
+                result[tp.topic][tp.partition] = offset
             results.append(result)
         return results
 
@@ -237,7 +267,8 @@ class KafkaAdmin:
     def for_timestamp(self, partitions: Mapping[str, list[int]], timestamp_ms: int) -> Offsets:
         """Kafka's answer to "first offset whose timestamp is >= timestamp_ms" per partition;
         -1 where no record is that recent."""
-        return self._list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))[0]
+        spec = OffsetSpec.for_timestamp(timestamp_ms)
+        return self._list_offsets(partitions, spec, negative_is_an_answer=True)[0]
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
         """Kafka's topic id of each topic that exists (a topic deleted and created again under
@@ -272,27 +303,87 @@ class KafkaAdmin:
         return ids
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
-        """The group's committed offsets for these partitions (absent when never committed)."""
+        """The group's committed offsets for these partitions (absent when never committed).
+
+        Asked through a consumer of the group that joins nothing (``Consumer.committed``), not
+        the admin API's ListConsumerGroupOffsets: librdkafka 2.16 answers an OffsetFetch error
+        that moves the group's coordinator (COORDINATOR_LOAD_IN_PROGRESS from a broker that
+        just started, NOT_COORDINATOR after a move) by asking the client's consumer group to
+        find its coordinator again, and an admin client has none: the process died with
+        SIGSEGV in ``rd_kafka_cgrp_op`` (seen on a fresh Apache Kafka broker, 2 runs in 12). A
+        consumer has its group, looks the coordinator up again and retries until the
+        timeout."""
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
-        result: Offsets = {}
+        if not request:
+            return {}
+        consumer = Consumer(
+            consumer_settings(self._conf)
+            | {"group.id": group, "enable.auto.commit": False, "error_cb": self._refusals}
+        )
+        deadline = time.monotonic() + self._timeout
+        wait = 0.1
         try:
-            futures = self._admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
-            )
-            for tp in futures[group].result().topic_partitions:
-                if tp.offset >= 0:
-                    result.setdefault(tp.topic, {})[tp.partition] = tp.offset
+            while True:
+                try:
+                    answered = consumer.committed(
+                        request, timeout=max(1.0, deadline - time.monotonic())
+                    )
+                    break
+                except KafkaException as exc:
+                    # The coordinator still loading, or just moved: librdkafka hands some of
+                    # these back rather than asking again (Kafka's own clients retry them).
+                    if _code(exc) not in _COORDINATOR_BUSY or time.monotonic() + wait > deadline:
+                        raise
+                time.sleep(wait)
+                wait = min(1.0, wait * 2)
         except KafkaException as exc:
+            consumer.poll(0)  # its error events, for a refusal
             raise self._failed(
                 exc,
                 f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
                 f"{_reason(exc)}",
             ) from None
         finally:
+            consumer.close()
             self._serve_logs()
+        result: Offsets = {}
+        for tp in answered:
+            if tp.error is not None:
+                raise KafkaUnavailableError(
+                    f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
+                    f"{tp.topic}[{tp.partition}]: {tp.error.str()}"
+                )
+            if tp.offset >= 0:
+                result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         return result
+
+
+# What a request to a partition's leader earns from a metadata cache that is behind the cluster
+# (see KafkaAdmin._list_offsets), and how often it is asked again after a metadata refresh.
+_STALE_METADATA = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
+_STALE_METADATA_ATTEMPTS = 5
+
+
+# A group coordinator that cannot answer yet: loading its log after a (re)start, not yet
+# elected, or moved.
+_COORDINATOR_BUSY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
 
 
 def _code(exc: KafkaException) -> int | None:

@@ -60,6 +60,36 @@ _JVM_OUTAGE = re.compile(
 _DATA_LOSS = ("KAFKA_DATA_LOSS", "failOnDataLoss")
 
 
+# Spark's kafka source's verdict, in the text of the failure it ends a query with (a read task's
+# KafkaIllegalStateException, or the driver's KAFKA_DATA_LOSS error class), and the reason line
+# after it, which names the offsets it could not read.
+_SPARK_LOST = "Some data may have been lost because they are not available in Kafka any more"
+_SPARK_REASON = re.compile(r"\nReason: ([^\n]+)")
+
+
+def records_lost(text: str) -> str | None:
+    """The one sentence for records Spark's kafka source found gone from Kafka (retention,
+    DeleteRecords) with ``kafka.fail_on_data_loss`` on, as the embedded source says it
+    (:class:`~kafka_delta.sources.kafka_datasource.DataLossError`); None when ``text`` reports
+    no such thing.
+
+    >>> print(records_lost(
+    ...     "KafkaIllegalStateException: Some data may have been lost because they are not "
+    ...     "available in Kafka any more;\neither ...\nReason: Could not read records in offset "
+    ...     "[75, 100) for topic partition t-0\nwith consumer group g"))  # doctest: +ELLIPSIS
+    Kafka ... not read (Spark's kafka source: Could not read records in offset [75, 100) ...
+    """
+    at = text.find(_SPARK_LOST)
+    if at < 0:
+        return None
+    found = _SPARK_REASON.search(text, at)
+    reason = f" (Spark's kafka source: {found.group(1).strip()})" if found else ""
+    return (
+        f"Kafka no longer has records the pipeline has not read{reason}. Nothing was written. "
+        "To skip them, set kafka.fail_on_data_loss: false and restart."
+    )
+
+
 def kafka_down(exc: BaseException) -> str | None:
     """Why Kafka is unavailable when ``exc`` says so, else None: the sentence of a
     ``KafkaUnavailableError`` that ``exc`` is or reports, or the Java Kafka client's timeout

@@ -109,6 +109,32 @@ class RunPositions:
                 before.setdefault(t, {})[p] = offset
         return before
 
+    def say_skipped(self, start: Offsets, end: Offsets, admin: KafkaAdmin) -> None:
+        """With ``kafka.fail_on_data_loss`` off, say in the run's log which records the batch
+        passes over because Kafka no longer has them (retention, DeleteRecords), from where the
+        batch starts and where Kafka now begins. Neither source says it there: the embedded
+        source skips them where it plans (Spark's planner process), Spark's kafka source in its
+        read tasks, each in a log of Spark's."""
+        reading = {t: [p for p, o in parts.items() if o < end[t][p]] for t, parts in start.items()}
+        reading = {t: parts for t, parts in reading.items() if t in end and parts}
+        if not reading:
+            return
+        earliest = admin.earliest(reading)
+        for t, parts in reading.items():
+            for p in parts:
+                lo = earliest.get(t, {}).get(p)
+                if lo is not None and start[t][p] < lo:
+                    log.warning(
+                        "fail_on_data_loss is off; skipping records no longer in Kafka: %s[%d] "
+                        "needs offset %d but the earliest available is %d (%d records deleted "
+                        "before they were read)",
+                        t,
+                        p,
+                        start[t][p],
+                        lo,
+                        min(lo, end[t][p]) - start[t][p],
+                    )
+
     def rewound(
         self, end: Offsets, admin: KafkaAdmin, fail_on_data_loss: bool
     ) -> tuple[tuple[str, int], ...]:

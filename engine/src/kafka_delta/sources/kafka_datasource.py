@@ -456,7 +456,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"Kafka no longer has records the pipeline has not read: {detail}. Nothing was "
                 "written. To skip them, set kafka.fail_on_data_loss: false and restart."
             )
-        log.warning("fail_on_data_loss is off; skipping records no longer in Kafka: %s", detail)
+        # The run's log says it, batch by batch (run_positions.say_skipped); this process's
+        # log is Spark's planner's.
+        log.info("fail_on_data_loss is off; skipping records no longer in Kafka: %s", detail)
         return adjusted
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
