@@ -97,9 +97,8 @@ def test_raw_kafka_columns_match_sparks_kafka_source(
         headers=[("h", b"x"), ("n", None)],
         timestamp=1_700_000_000_000,
     )
-    producer.flush(10)
     producer.produce(topic, key=None, value=None, partition=0)  # a tombstone
-    producer.flush(10)
+    assert producer.flush(60) == 0, "the two records were not acknowledged within 60 s"
     cfg = make_config([topic])
 
     _run(spark, cfg, transform=lambda df: df)

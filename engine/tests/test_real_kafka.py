@@ -544,11 +544,13 @@ def test_the_leader_of_a_partition_the_run_reads_is_sigkilled_and_the_run_rides_
             (b.end_offsets[topic].get(0, 0) for b in batches if b.finished_at <= killed),
             default=0,
         )
-        resumed = min(
+        after = [
             b.finished_at - killed
             for b in batches
             if b.finished_at > killed and b.end_offsets[topic].get(0, 0) > before
-        )
+        ]
+        assert after, [(round(b.finished_at - killed, 1), b.end_offsets) for b in batches]
+        resumed = min(after)
         print(
             f"node {leader} (leader of {topic}[0]) killed; {topic}[0] committed again "
             f"{resumed:.1f} s after the kill; every record landed {time.time() - killed:.0f} s "

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 EVENT_TYPES = ("created", "paid", "shipped", "refunded")
@@ -289,6 +289,41 @@ def _produce(
             producer.poll(0.1)
 
 
+class _Ends:
+    """Where a transaction's records ended, partition by partition, to wait for its markers.
+
+    Kafka answers a transaction's commit (or abort) once the coordinator has logged it and
+    writes the markers to the partitions after that: a record produced right after the
+    commit returned may take the offset a test expects the marker at. ``wait(bootstrap)``
+    returns once every partition's high watermark is past its marker (or after ``timeout_s``:
+    a stand-in broker that writes no markers)."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, int], int] = {}
+
+    def delivered(self, msg: Any) -> None:
+        key = (msg.topic(), msg.partition())
+        self.last[key] = max(self.last.get(key, -1), msg.offset())
+
+    def wait(self, bootstrap: str, timeout_s: float = 5.0) -> None:
+        if not self.last:
+            return
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "markers"})
+        try:
+            deadline = time.monotonic() + timeout_s
+            for (topic, partition), last in self.last.items():
+                while time.monotonic() < deadline:
+                    _, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=5
+                    )
+                    if high >= last + 2:  # the records, then the marker
+                        break
+                    time.sleep(0.02)
+        finally:
+            consumer.close()
+        self.last.clear()
+
+
 def produce_values(
     bootstrap: str,
     topic: str,
@@ -301,10 +336,13 @@ def produce_values(
     leave gaps in the partitions' offsets)."""
     producer = Producer(producer_conf(bootstrap, transactional_id))
     failures: list[str] = []
+    ends = _Ends()
 
-    def delivered(err: Any, _msg: Any) -> None:
+    def delivered(err: Any, msg: Any) -> None:
         if err is not None:
             failures.append(str(err))
+        else:
+            ends.delivered(msg)
 
     if transactional_id:
         producer.init_transactions(30)
@@ -331,6 +369,8 @@ def produce_values(
             f"records to {topic} were not all written: {remaining} unacknowledged, "
             f"{len(failures)} failed {failures[:3]}"
         )
+    if transactional_id:
+        ends.wait(bootstrap)
 
 
 class Transaction:
@@ -346,18 +386,22 @@ class Transaction:
 
     def __init__(self, bootstrap: str, transactional_id: str, timeout_s: float = 60.0) -> None:
         conf = producer_conf(bootstrap, transactional_id)
+        self.bootstrap = bootstrap
         self.producer = Producer({**conf, "transaction.timeout.ms": int(timeout_s * 1000)})
         self.producer.init_transactions(30)
         self._failures: list[str] = []
+        self._ends = _Ends()
 
     def begin(self) -> Transaction:
         self.producer.begin_transaction()
         return self
 
     def send(self, topic: str, partition: int, value: bytes, key: bytes | None = None) -> None:
-        def delivered(err: Any, _msg: Any) -> None:
+        def delivered(err: Any, msg: Any) -> None:
             if err is not None:
                 self._failures.append(str(err))
+            else:
+                self._ends.delivered(msg)
 
         _produce(self.producer, topic, partition, key or b"", value, delivered)
 
@@ -371,12 +415,16 @@ class Transaction:
             )
 
     def commit(self) -> None:
+        """Commit, and return once the markers are in the partitions' logs."""
         self.flush()
         self.producer.commit_transaction(30)
+        self._ends.wait(self.bootstrap)
 
     def abort(self) -> None:
+        """Abort, and return once the markers are in the partitions' logs."""
         self.flush()
         self.producer.abort_transaction(30)
+        self._ends.wait(self.bootstrap)
 
 
 def produce_events(
