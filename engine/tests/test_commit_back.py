@@ -6,7 +6,7 @@ import time
 
 from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.kafka.commit_back import OffsetCommitter
-from kafka_delta_dev.broker import free_port
+from kafka_delta_dev.children import free_port
 
 
 def test_committed_offsets_reach_the_consumer_group(kafka_bootstrap, new_topics) -> None:
