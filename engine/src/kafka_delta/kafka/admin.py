@@ -265,8 +265,14 @@ class KafkaAdmin:
                         continue  # the partition listing names it
                     raise
                 if operations is not None and AclOperation.READ not in operations:
+                    allowed = ", ".join(sorted(op.name for op in operations)) or "nothing"
                     raise KafkaRefusedError(
-                        topic_not_authorized(self.bootstrap_servers, self._conf, name)
+                        topic_not_authorized(
+                            self.bootstrap_servers,
+                            self._conf,
+                            name,
+                            why=f"Kafka authorizes it for {allowed} on the topic",
+                        )
                     )
         except KafkaException as exc:
             raise self._failed(

@@ -157,7 +157,12 @@ def not_authorized(
 
 
 def topic_not_authorized(
-    servers: str, conf: Mapping[str, Any], topic: str, *, describe: bool = False
+    servers: str,
+    conf: Mapping[str, Any],
+    topic: str,
+    *,
+    describe: bool = False,
+    why: str = "TOPIC_AUTHORIZATION_FAILED",
 ) -> str:
     """A topic whose metadata Kafka refused (``describe``: the principal may not even see it,
     which Kafka also answers for a topic that does not exist), or whose records it refused."""
@@ -169,12 +174,10 @@ def topic_not_authorized(
             "topic",
             topic,
             ["Describe", "Read"],
-            "TOPIC_AUTHORIZATION_FAILED, also Kafka's answer for a topic that does not exist "
-            "to a principal without Describe on it",
+            f"{why}, also Kafka's answer for a topic that does not exist to a principal without "
+            "Describe on it",
         )
-    return not_authorized(
-        servers, conf, "read", "topic", topic, ["Read"], "TOPIC_AUTHORIZATION_FAILED"
-    )
+    return not_authorized(servers, conf, "read", "topic", topic, ["Read"], why)
 
 
 def group_not_authorized(servers: str, conf: Mapping[str, Any], group: str) -> str:
