@@ -54,6 +54,9 @@ class Certificates:
     client_certificate: Path
     client_key: Path
     client_keystore: Path
+    # The same key unencrypted, for settings that take a key inline (ssl.key.pem,
+    # ssl.keystore.key): a secret in itself.
+    client_plain_key: Path
     # The CA, and the CA that signed nothing, as PKCS12 trust stores for the Java client.
     client_truststore: Path
     other_truststore: Path
@@ -191,6 +194,7 @@ def make_certificates(folder: Path, client_name: str = "tls-client") -> Certific
         client_certificate=folder / "client.pem",
         client_key=folder / "client.encrypted.key",
         client_keystore=client_keystore,
+        client_plain_key=folder / "client.key",
         client_truststore=_truststore(
             keytool, folder, "ca.pem", "client.truststore", truststore_password
         ),
