@@ -187,17 +187,28 @@ def group_not_authorized(servers: str, conf: Mapping[str, Any], group: str) -> s
     )
 
 
+# What each file-valued librdkafka setting must be, for the sentence of one it cannot use.
+_SETTING_HINTS = {
+    "ssl.ca.location": "ssl.ca.location must be the PEM file of the CA that signed the brokers' "
+    "certificates",
+    "ssl.certificate.location": "ssl.certificate.location must be the client's certificate (PEM)",
+    "ssl.key.location": "ssl.key.location must be the client's private key (PEM) and "
+    "ssl.key.password the password that opens it",
+    "ssl.key.pem": "ssl.key.pem must be the client's private key (PEM) and ssl.key.password the "
+    "password that opens it",
+    "ssl.keystore.location": "ssl.keystore.location must be the client's PKCS#12 key store and "
+    "ssl.keystore.password the password that opens it",
+}
+
+
 def settings_refused(conf: Mapping[str, Any], text: str) -> str:
     """librdkafka could not make a client of ``conf`` (a CA or key file it cannot read, a key
     password that does not open the key): the sentence, with librdkafka's reason."""
     found = _CREATE_FAILED.search(text)
     reason = (found.group("reason") if found else text).strip()
-    key = reason.split(" failed:")[0] if " failed:" in reason else None
-    where = f"{key} in kafka.client" if key and "." in key else "the ssl.* settings of kafka.client"
-    return (
-        f"librdkafka cannot use kafka.client's settings ({reason}): check {where} (and the "
-        "password that opens it, ssl.key.password or ssl.keystore.password)"
-    )
+    key = reason.split(" failed:")[0] if " failed:" in reason else ""
+    hint = _SETTING_HINTS.get(key, "check the ssl.* and sasl.* settings")
+    return f"librdkafka cannot use kafka.client's settings ({reason}): in kafka.client, {hint}"
 
 
 class Refusals:
