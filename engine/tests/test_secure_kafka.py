@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
 from conftest import engine_config, skip_without_connectors
@@ -503,3 +504,22 @@ def test_a_wrong_password_of_the_java_client_is_the_same_one_sentence_on_every_r
     table = Path(cfg.delta.table)
     if list((table / "_delta_log").glob("*.json")):
         assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 0
+
+
+def test_the_configuration_guide_shows_each_shape_exactly_as_tested(secure_kafka) -> None:
+    """engine/docs/configuration.md's "Secure Kafka" lines are these tests' settings: the same
+    keys and values in both clients, a path for each file."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    section = guide.split("## Secure Kafka", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    shown = [yaml.safe_load(block)["kafka"] for block in blocks]
+    tested = [scram(secure_kafka), event_hubs(secure_kafka), mutual_tls(secure_kafka)]
+    assert len(shown) == len(tested)
+    for doc, shape in zip(shown, tested, strict=True):
+        for client, settings in (("client", shape.client), ("jvm_client", shape.jvm_client)):
+            assert set(doc[client]) == set(settings), (shape.name, client)
+            for key, value in settings.items():
+                if value.startswith("/"):
+                    assert str(doc[client][key]).startswith("/path/to/"), (shape.name, key)
+                else:
+                    assert doc[client][key] == value, (shape.name, client, key)
