@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 2.0
 
 # OpenSSL's verification errors that mean "the certificate does not name this host".
 _NAME_MISMATCH = {62, 64}  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
