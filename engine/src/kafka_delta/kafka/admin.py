@@ -394,32 +394,77 @@ class KafkaAdmin:
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
         """The group's committed offsets for these partitions (absent when never committed);
-        :class:`GroupNotAuthorizedError` when Kafka does not let the client read the group."""
+        :class:`GroupNotAuthorizedError` when Kafka does not let the client read the group.
+
+        The group's coordinator is asked first whether it can answer (DescribeGroups), and
+        again until the timeout while it cannot: a coordinator still loading its groups (a
+        broker just started, or just given the group's partition of ``__consumer_offsets``)
+        answers COORDINATOR_LOAD_IN_PROGRESS or NOT_COORDINATOR, which librdkafka's admin
+        requests do not retry, and an OffsetFetch answered NOT_COORDINATOR crashes librdkafka
+        2.x's admin client (a segmentation fault in ``rd_kafka_cgrp_op``, which an admin client
+        has no group for: confluentinc/librdkafka#5040)."""
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
-        result: Offsets = {}
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                self._coordinator_ready(group)
+                return self._committed_once(group, request)
+            except KafkaException as exc:
+                if _code(exc) not in _COORDINATOR_BUSY or time.monotonic() > deadline:
+                    raise self._failed(
+                        exc,
+                        f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
+                        f"{_reason(exc)}",
+                    ) from None
+                time.sleep(0.2)
+            finally:
+                self._serve_logs()
+
+    def _coordinator_ready(self, group: str) -> None:
+        """Return once the group's coordinator answers a DescribeGroups request; raise its
+        error (a KafkaException) when it does not, :class:`GroupNotAuthorizedError` when Kafka
+        does not let the client describe the group."""
+        futures = self._admin.describe_consumer_groups([group], request_timeout=self._timeout)
+        self._settle(futures.values())
         try:
-            futures = self._admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
-            )
-            self._settle(futures.values())
-            for tp in futures[group].result().topic_partitions:
-                if tp.offset >= 0:
-                    result.setdefault(tp.topic, {})[tp.partition] = tp.offset
+            futures[group].result()
         except KafkaException as exc:
             if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
                 raise GroupNotAuthorizedError(
                     group_not_authorized(self.bootstrap_servers, self._conf, group)
                 ) from None
-            raise self._failed(
-                exc,
-                f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
-                f"{_reason(exc)}",
-            ) from None
-        finally:
-            self._serve_logs()
+            raise
+
+    def _committed_once(self, group: str, request: list[KafkaTopicPartition]) -> Offsets:
+        result: Offsets = {}
+        futures = self._admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, request)], request_timeout=self._timeout
+        )
+        self._settle(futures.values())
+        try:
+            answer = futures[group].result()
+        except KafkaException as exc:
+            if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise GroupNotAuthorizedError(
+                    group_not_authorized(self.bootstrap_servers, self._conf, group)
+                ) from None
+            raise
+        for tp in answer.topic_partitions:
+            if tp.offset >= 0:
+                result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         return result
+
+
+# A group coordinator that cannot answer yet (loading, moving): asked again.
+_COORDINATOR_BUSY = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
 
 
 def _code(exc: KafkaException) -> int | None:
