@@ -147,10 +147,11 @@ def test_each_production_shape_reads_exactly_once_commits_back_and_serves_the_co
     )
     assert status == 0, out + err
     assert f"consumer group {cfg.kafka.consumer_group} now at the same offsets" in out
-    status, out, err, _ = _cli(
-        ["table", "maintain", "--config", str(path)], shape, monkeypatch, capsys
-    )
-    assert status == 0, out + err
+    if shape.name == "scram":  # reads no Kafka: once an engine, its config read the same way
+        status, out, err, _ = _cli(
+            ["table", "maintain", "--config", str(path)], shape, monkeypatch, capsys
+        )
+        assert status == 0, out + err
 
 
 # -- refusals of kafka.client's settings: said before Spark starts, on both engines ---------------
