@@ -44,9 +44,9 @@ def _pip(*args: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project rendered from this checkout's template with the default answers."""
+def _render(tmp_path_factory: pytest.TempPathFactory, **answers: str) -> Path:
+    """A project rendered from this checkout's template with the default answers but
+    ``answers``."""
     home = tmp_path_factory.mktemp("cookiecutter")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(cookiecutter_config.DEFAULT_CONFIG, "replay_dir", str(home / "replay"))
@@ -56,10 +56,17 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(ROOT / "template"),
             no_input=True,
             default_config=True,
+            extra_context=answers or None,
             output_dir=str(tmp_path_factory.mktemp("out")),
         )
     assert Path(rendered).name == SLUG
     return Path(rendered)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project rendered from this checkout's template with the default answers."""
+    return _render(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -442,3 +449,89 @@ def test_the_serverless_target_runs_the_wheel_in_an_environment_on_a_schedule_un
         name = r"[A-Za-z_]\w*"
         assert re.fullmatch(rf"{name}\.{name}\.{name}", _argument(resolved, "--table"))
         assert _argument(resolved, "--checkpoint").startswith("/Volumes/")
+
+
+# -- Kafka's secrets: from a secret scope, never a value ------------------------------------------
+
+SCOPE = "team-kafka"
+SECRET_REFERENCE = re.compile(r"^\{\{secrets/" + re.escape(SCOPE) + r"/[A-Za-z0-9_.-]+\}\}$")
+CONFIG_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PROTOCOLS = {"sasl_ssl_scram": "SASL_SSL", "sasl_ssl_plain": "SASL_SSL", "mtls": "SSL"}
+
+
+@pytest.fixture(scope="module", params=sorted(PROTOCOLS))
+def secured(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict]:
+    """A render for each secured Kafka (kafka_security), its secrets in the scope SCOPE: the
+    answer, the project, its bundle."""
+    project = _render(tmp_path_factory, kafka_security=request.param, kafka_secret_scope=SCOPE)
+    bundle = yaml.safe_load((project / "databricks.yml").read_text(encoding="utf-8"))
+    return request.param, project, bundle
+
+
+def _environments(job: dict) -> list[dict[str, str]]:
+    """The environment variables a resolved job gives its tasks: each job cluster's
+    spark_env_vars, each serverless environment-variable entry a task selects."""
+    entries = {
+        e["environment_variables_key"]: (e.get("spec") or {}).get("variables") or {}
+        for e in job.get("environment_variables", [])
+    }
+    found = []
+    for task in job["tasks"]:
+        if "new_cluster" in task:
+            found.append(task["new_cluster"].get("spark_env_vars") or {})
+        else:
+            found.append(entries.get(task.get("environment_variables_key"), {}))
+    return found
+
+
+def _secret_values(config: dict) -> dict[str, str]:
+    """The settings of kafka.client and kafka.jvm_client that hold a secret, by key."""
+    clients = {f"client.{k}": v for k, v in (config["kafka"].get("client") or {}).items()}
+    clients |= {f"jvm_client.{k}": v for k, v in (config["kafka"].get("jvm_client") or {}).items()}
+    return {
+        k: str(v)
+        for k, v in clients.items()
+        if re.search(r"password|secret|jaas|sasl\.username|key\.pem$|keystore\.key$", k)
+    }
+
+
+def test_no_target_holds_a_literal_secret(bundle, secured) -> None:
+    """Every environment variable a job of any target gets is a secret reference to the scope
+    (or none, unsecured); every secret the config names is a ${NAME} of them."""
+    for rendered in (bundle, secured[2]):
+        for target in rendered["targets"]:
+            for key in (STREAM, MAINTENANCE):
+                for variables in _environments(_target_job(rendered, target, key)):
+                    literal = {n: v for n, v in variables.items() if not SECRET_REFERENCE.match(v)}
+                    assert not literal, (target, key, literal)
+    answer, project, _ = secured
+    config = yaml.safe_load((project / "conf" / "databricks.yaml").read_text(encoding="utf-8"))
+    secrets = _secret_values(config)
+    assert secrets, answer
+    for key, value in secrets.items():
+        if key.endswith("sasl.jaas.config"):
+            value = re.sub(r"kafkashaded\.org\.apache\.kafka\.[\w.]+ required ", "", value)
+            value = re.sub(r'(username|password)="([^"]*)"', r"\2", value).rstrip(";")
+        assert all(CONFIG_REFERENCE.fullmatch(part) for part in value.split()), (key, value)
+
+
+def test_each_target_gives_both_jobs_every_secret_its_config_reads(secured) -> None:
+    """The ${NAME}s conf/databricks.yaml's Kafka settings read are exactly the variables each
+    target's jobs get from the scope (a name one job lacks stops it at start-up), and the config
+    loads with them, in the answer's protocol on both clients."""
+    jobs = pytest.importorskip("databricks.bundles.jobs", reason="needs databricks-bundles")
+    answer, project, bundle = secured
+    text = (project / "conf" / "databricks.yaml").read_text(encoding="utf-8")
+    config = yaml.safe_load(text)
+    read = {n for v in _secret_values(config).values() for n in CONFIG_REFERENCE.findall(v)}
+    assert read, answer
+    for target in bundle["targets"]:
+        for key in (STREAM, MAINTENANCE):
+            resolved = _target_job(bundle, target, key)
+            jobs.Job.from_dict(resolved)  # environment_variables included, as the bundle parses
+            for variables in _environments(resolved):
+                assert set(variables) == read, (target, key, variables)
+    cfg = load_config(project / "conf" / "databricks.yaml", environ=dict.fromkeys(read, "x"))
+    protocol = PROTOCOLS[answer]
+    assert cfg.kafka.client["security.protocol"] == protocol
+    assert cfg.kafka.jvm_client["security.protocol"] == protocol

@@ -55,8 +55,13 @@ config = importlib.import_module("kafka_delta.config")
 contract = importlib.import_module("kafka_delta.contract")
 assert not config.__file__.startswith(src), config.__file__
 # conf/databricks.yaml of a project on Avro or Protobuf takes the registry URL from the job's
-# environment.
-environ = {"SCHEMA_REGISTRY_URL": "https://schema-registry.invalid"}
+# environment, and a project on secured Kafka its secrets.
+environ = {
+    "SCHEMA_REGISTRY_URL": "https://schema-registry.invalid",
+    "KAFKA_SASL_USERNAME": "user",
+    "KAFKA_SASL_PASSWORD": "not-a-secret",
+    "KAFKA_KEY_PASSWORD": "not-a-secret",
+}
 configs = {p: config.load_config(p, environ) for p in paths}
 for cfg in configs.values():  # the transform each config names is the project's, importable
     assert contract.load_transform(cfg.transform).__module__ == package + ".transform"
@@ -440,6 +445,30 @@ def test_a_value_format_answer_renders_configs_that_decode_it_behind_a_registry(
     assert f"--format {value_format}" in produce
 
 
+@pytest.mark.parametrize(
+    ("security", "protocol"),
+    [("sasl_ssl_scram", "SASL_SSL"), ("sasl_ssl_plain", "SASL_SSL"), ("mtls", "SSL")],
+)
+def test_a_kafka_security_answer_secures_both_clients_of_the_databricks_config(
+    tmp_path: Path, security: str, protocol: str
+) -> None:
+    """The Databricks config speaks the answer's protocol on both clients, its secrets read
+    from the job's environment, which the project's own config test provides; the local config
+    stays on the unsecured development broker."""
+    rendered = render(tmp_path, extra_context={"kafka_security": security})
+
+    configs = assert_is_valid_project(rendered)
+
+    kafka = configs["databricks.yaml"]["kafka"]
+    assert kafka["client"]["security.protocol"] == protocol
+    assert kafka["jvm_client"]["security.protocol"] == protocol
+    assert not configs["local.yaml"]["kafka"]["client"].get("security.protocol")
+    text = (rendered.project / "conf" / "databricks.yaml").read_text(encoding="utf-8")
+    read = set(re.findall(r"^[^#]*?\$\{([A-Z_]+)\}", text, re.M))
+    test = (rendered.project / "tests" / "test_config.py").read_text(encoding="utf-8")
+    assert read and all(f'"{name}": ' in test for name in read), read
+
+
 def test_the_default_project_decodes_json_against_its_schema_file(tmp_path: Path) -> None:
     rendered = render(tmp_path)
 
@@ -489,6 +518,20 @@ def test_hook_accepts_every_default_answer() -> None:
     assert load_hook().validate(defaults) == []
     assert load_hook().validate({"value_format": "thrift"}) == [
         "value_format 'thrift' is not supported; choose one of: avro, json, protobuf."
+    ]
+
+
+def test_hook_refuses_a_kafka_security_or_secret_scope_it_cannot_use() -> None:
+    hook = load_hook()
+
+    assert hook.validate({"kafka_security": "mtls", "kafka_secret_scope": "team.kafka@eu-1"}) == []
+    assert hook.validate({"kafka_security": "kerberos"}) == [
+        "kafka_security 'kerberos' is not supported; choose one of: mtls, none, sasl_ssl_plain, "
+        "sasl_ssl_scram."
+    ]
+    assert hook.validate({"kafka_secret_scope": "kafka secrets"}) == [
+        "kafka_secret_scope 'kafka secrets' is not a Databricks secret scope name (1-128 "
+        "letters, digits, '_', '-', '.' or '@')."
     ]
 
 

@@ -118,6 +118,24 @@ class TcpProxy:
         self._server, self._sockets = None, []
 
 
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory):
+    """Apache Kafka with TLS, SASL and ACLs on 127.0.0.1, its certificates made for the session
+    (secure_support.py), for the secure-Kafka and ACL tests; stopped by its pid at the end."""
+    from kafka_delta_dev.kafka_cluster import KafkaError
+    from kafka_delta_dev.tls import CertificateError
+    from secure_support import start_secure_kafka
+
+    try:
+        kafka = start_secure_kafka(tmp_path_factory.mktemp("secure-kafka"))
+    except (KafkaError, CertificateError) as exc:
+        pytest.skip(f"no secured Apache Kafka: {exc}")
+    try:
+        yield kafka
+    finally:
+        kafka.cluster.stop()
+
+
 @pytest.fixture
 def tcp_proxy(kafka_bootstrap: str) -> Iterator[TcpProxy]:
     proxy = TcpProxy(kafka_bootstrap.split(",")[0])

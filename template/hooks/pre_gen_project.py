@@ -31,7 +31,9 @@ _ANSWERS_JSON = r"""
     "checkpoint": {{ cookiecutter.checkpoint | tojson }},
     "pipeline_id": {{ cookiecutter.pipeline_id | tojson }},
     "engine": {{ cookiecutter.engine | tojson }},
-    "value_format": {{ cookiecutter.value_format | tojson }}
+    "value_format": {{ cookiecutter.value_format | tojson }},
+    "kafka_security": {{ cookiecutter.kafka_security | tojson }},
+    "kafka_secret_scope": {{ cookiecutter.kafka_secret_scope | tojson }}
 }
 """
 
@@ -42,6 +44,11 @@ SUPPORTED_ENGINES = frozenset({"embedded", "cluster"})
 # The Kafka value's format in conf/*.yaml's decoding section: json against the project's
 # schema file, avro and protobuf in Confluent's framing behind a Schema Registry.
 SUPPORTED_VALUE_FORMATS = frozenset({"json", "avro", "protobuf"})
+
+# How the project's Databricks job reaches Kafka (conf/databricks.yaml's kafka.client and
+# kafka.jvm_client, the secrets databricks.yml takes from the secret scope): the shapes the
+# engine's tests run (engine/docs/configuration.md, "Secure Kafka").
+SUPPORTED_KAFKA_SECURITY = frozenset({"none", "sasl_ssl_scram", "sasl_ssl_plain", "mtls"})
 
 # A package with one of these names would shadow (or be shadowed by) a module the generated
 # project imports: tests put src/ first on sys.path, so `import yaml` would load the project.
@@ -186,6 +193,21 @@ def _check_value_format(value: str) -> str | None:
     return None
 
 
+def _check_kafka_security(value: str) -> str | None:
+    if value not in SUPPORTED_KAFKA_SECURITY:
+        choices = ", ".join(sorted(SUPPORTED_KAFKA_SECURITY))
+        return f"kafka_security {value!r} is not supported; choose one of: {choices}."
+    return None
+
+
+# Databricks' rule for a secret scope's name.
+_check_kafka_secret_scope = _matches(
+    "kafka_secret_scope",
+    r"^[A-Za-z0-9_.@-]{1,128}$",
+    "is not a Databricks secret scope name (1-128 letters, digits, '_', '-', '.' or '@')",
+)
+
+
 # One check per answer, each returning the first rule the answer breaks.
 CHECKS: dict[str, Check] = {
     "project_name": _check_project_name,
@@ -197,6 +219,8 @@ CHECKS: dict[str, Check] = {
     "pipeline_id": _check_pipeline_id,
     "engine": _check_engine,
     "value_format": _check_value_format,
+    "kafka_security": _check_kafka_security,
+    "kafka_secret_scope": _check_kafka_secret_scope,
 }
 
 

@@ -12,7 +12,12 @@ from {{ cookiecutter.package_name }}.transform import transform
 
 PROJECT = Path(__file__).resolve().parents[1]
 # conf/databricks.yaml reads secrets and per-target values from the job's environment.
-ENVIRON = {"SCHEMA_REGISTRY_URL": "https://schema-registry.invalid"}
+ENVIRON = {
+    "SCHEMA_REGISTRY_URL": "https://schema-registry.invalid",
+{%- for name, _ in kafka_secrets(cookiecutter.kafka_security) %}
+    "{{ name }}": "not-a-secret",
+{%- endfor %}
+}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (PROJECT / "conf").glob("*.yaml")))

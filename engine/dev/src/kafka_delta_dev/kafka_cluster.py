@@ -62,6 +62,17 @@ def kafka_version() -> str:
     return os.environ.get("KAFKA_DELTA_KAFKA_VERSION", KAFKA_VERSION)
 
 
+def _cluster_id() -> str:
+    """A KRaft cluster id (a UUID in URL-safe base64, as Kafka's ``Uuid`` writes one), never
+    starting with '-': ``StorageTool format -t <id>`` would take such an id for an option and
+    refuse to format ("argument --cluster-id/-t: expected one argument"), one start in 64
+    (Kafka's own ``Uuid.randomUuid`` draws again for the same reason)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def jar_set(version: str | None = None) -> maven.JarSet:
     version = version or kafka_version()
     return maven.JarSet(

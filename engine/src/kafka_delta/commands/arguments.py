@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from kafka_delta.config import ConfigError, PipelineConfig, load_config
+from kafka_delta.kafka.clients import missing_file
 from kafka_delta.runtime.local_services import started_broker, started_registry
 from kafka_delta.table_names import is_table_name
 
@@ -80,6 +81,11 @@ def build_config(args: argparse.Namespace, *, every_table: bool = False) -> Pipe
     # ${NAME} references in the file (secrets such as SASL passwords) come from the environment.
     path = config_path(args)
     config = load_config(path, environ=os.environ)
+    # A CA or key file the clients name that is not here: one sentence now, not librdkafka's
+    # OpenSSL error when the first client starts (or the Java client's inside Spark's query).
+    missing = missing_file(config.kafka.client, config.kafka.jvm_client)
+    if missing is not None:
+        raise ConfigError(missing)
     if config.tables and args.table is not None and every_table:
         raise ConfigError(
             f"--table {args.table}: the run command writes every table of tables: (one read of "

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import KafkaAdmin, Watermarks
+from kafka_delta.kafka.clients import about_its_group_only
 from kafka_delta.offsets.model import Offsets
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class _Reader:
             if message.error() is not None:
                 if message.error().code() == KafkaError._PARTITION_EOF:  # nothing further
                     return None
+                if about_its_group_only(message.error()):
+                    continue
                 raise RuntimeError(f"reading {topic}[{partition}]: {message.error()}")
             if message.offset() >= end:
                 return None

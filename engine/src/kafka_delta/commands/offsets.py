@@ -41,7 +41,11 @@ from kafka_delta.commands.table_log import (
     stored_offsets,
 )
 from kafka_delta.config import ConfigError, PipelineConfig
-from kafka_delta.kafka.admin import KafkaRefusedError, KafkaUnavailableError
+from kafka_delta.kafka.admin import (
+    GroupNotAuthorizedError,
+    KafkaRefusedError,
+    KafkaUnavailableError,
+)
 from kafka_delta.offsets.model import first_offset, format_ms, offsets_to_json
 from kafka_delta.offsets.stored import OffsetsExpiredError
 
@@ -278,7 +282,13 @@ def show(config: PipelineConfig) -> dict[str, Any]:
     partitions.update(extra)
     missing += [t for t in config.kafka.topics if t not in partitions]
     marks = admin.watermarks(partitions)
-    group = admin.committed(config.kafka.consumer_group, partitions)
+    # The group only mirrors the table's offsets for lag tools; one the client may not read is
+    # shown as such, never as a group that committed nothing (which would read as lag).
+    unreadable: str | None = None
+    try:
+        group = admin.committed(config.kafka.consumer_group, partitions)
+    except GroupNotAuthorizedError as exc:
+        group, unreadable = {}, str(exc)
 
     dead_table = config.dead_letter_table
     dead = open_table(dead_table, config) if dead_table else None
@@ -313,7 +323,7 @@ def show(config: PipelineConfig) -> dict[str, Any]:
                 "batch_id": stored.batch_id if at is not None else None,
                 "app_id": stored.app_id if at is not None else None,
                 "committed_at": _time(commit.timestamp_ms) if commit and at is not None else None,
-                "group_offset": group.get(t, {}).get(p),
+                "group_offset": "unreadable" if unreadable else group.get(t, {}).get(p),
                 "earliest": earliest,
                 "latest": latest,
                 "lag": max(0, latest - begin) if latest is not None and begin is not None else None,
@@ -327,6 +337,7 @@ def show(config: PipelineConfig) -> dict[str, Any]:
         "dead_letter_table": dead_table,
         "dead_letters": row_count(dead) if dead is not None else None,
         "consumer_group": config.kafka.consumer_group,
+        "consumer_group_unreadable": unreadable,
         "stored": {
             "delta_version": stored.delta_version,
             "batch_id": stored.batch_id,
@@ -411,7 +422,12 @@ def render_show(doc: dict[str, Any]) -> str:
         f"pipeline {doc['pipeline_id']}: table {doc['table']} (Delta version "
         f"{doc['table_version']}): {doc['rows']} rows; {dead}",
         f"stored offsets: {where}: {what} (commit {stored['seq']} of the pipeline)",
-        f"consumer group: {doc['consumer_group']}",
+        f"consumer group: {doc['consumer_group']}"
+        + (
+            f" (unreadable: {doc['consumer_group_unreadable']})"
+            if doc.get("consumer_group_unreadable")
+            else ""
+        ),
     ]
     if doc["topics_missing_on_kafka"]:
         lines.append(f"topics not on Kafka: {', '.join(doc['topics_missing_on_kafka'])}")

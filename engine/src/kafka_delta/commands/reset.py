@@ -645,6 +645,13 @@ def run_reset(
     )
     committer.submit(-1, group(offsets) if group is not None else offsets)
     stats = committer.close()
+    if stats.succeeded == 0 and stats.refusal is not None:
+        print(
+            f"error: the table is reset, but consumer group {config.kafka.consumer_group} was "
+            f"not updated: {stats.refusal}. The table is exact without it (the group is for lag "
+            "tools only); the next run aligns the group once the ACL is granted."
+        )
+        return 1
     if stats.succeeded == 0:
         print(
             f"error: the table is reset, but consumer group {config.kafka.consumer_group} was not "

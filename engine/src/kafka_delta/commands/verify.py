@@ -68,7 +68,9 @@ from kafka_delta.commands.table_log import (
     stored_offsets,
 )
 from kafka_delta.config import PipelineConfig
-from kafka_delta.kafka.admin import KafkaUnavailableError, Watermarks
+from kafka_delta.kafka.admin import GroupNotAuthorizedError, KafkaUnavailableError, Watermarks
+from kafka_delta.kafka.clients import about_its_group_only
+from kafka_delta.kafka.refusals import KafkaRefusedError, topic_not_authorized
 from kafka_delta.offsets.history import RestoreUnreadableError, live_history, restores_in
 from kafka_delta.offsets.model import (
     Offsets,
@@ -654,7 +656,15 @@ def read_kafka(
                 end = first
                 if first < last:
                     end = _read_range(
-                        consumer, TopicPartition, KafkaError, (t, p), first, last, offsets, stamps
+                        consumer,
+                        TopicPartition,
+                        KafkaError,
+                        (t, p),
+                        first,
+                        last,
+                        offsets,
+                        stamps,
+                        conf,
                     )
                 if end < hi and first < hi:
                     out.gone[(t, p)].append((end, hi))
@@ -677,9 +687,11 @@ def _read_range(
     hi: int,
     offsets: list[int],
     stamps: list[int],
+    conf: Mapping[str, str],
 ) -> int:
     """Append the records of ``tp`` in [lo, hi) to ``offsets``/``stamps``; returns where the
-    read ended (``hi``, or Kafka's end when the partition ends before it)."""
+    read ended (``hi``, or Kafka's end when the partition ends before it). ``conf``: the
+    consumer's settings (a refusal names the principal they log in as)."""
     t, p = tp
     consumer.assign([topic_partition(t, p, lo)])
     deadline = time.monotonic() + KAFKA_TIMEOUT_S
@@ -708,6 +720,8 @@ def _read_range(
                         if message.offset() < lo:
                             continue  # an end reached before this read was assigned
                         return min(hi, message.offset())
+                    if about_its_group_only(error):
+                        continue
                     if error.code() in (
                         kafka_error._AUTO_OFFSET_RESET,
                         kafka_error.OFFSET_OUT_OF_RANGE,
@@ -715,6 +729,10 @@ def _read_range(
                         # lo is past the end of a truncated or recreated topic (or fell below
                         # its earliest since it was listed): nothing of the range is left.
                         return lo
+                    if error.code() == kafka_error.TOPIC_AUTHORIZATION_FAILED:
+                        raise KafkaRefusedError(
+                            topic_not_authorized(conf["bootstrap.servers"], conf, t)
+                        )
                     raise KafkaUnavailableError(
                         f"cannot read {t}:{p} from offset {lo}: {error.str()}"
                     )
@@ -1005,14 +1023,20 @@ def run_verify(
             checks.append(("kafka", problems, summary))
             notes += more
 
-    group = admin.committed(config.kafka.consumer_group, on_kafka)
+    try:
+        group: Offsets | None = admin.committed(config.kafka.consumer_group, on_kafka)
+    except GroupNotAuthorizedError as exc:
+        # The group only mirrors the table's offsets for lag tools: the table is judged whole
+        # or not without it.
+        group = None
+        skips.append(f"group: consumer group {config.kafka.consumer_group} is unreadable: {exc}")
     group_problems, retention = [], []
     for t, ps in sorted(stored.offsets.items()):
         for p, offset in sorted(ps.items()):
             if p not in on_kafka.get(t, []):
                 continue
             want = offset if group_expected is None else group_expected.get(t, {}).get(p, offset)
-            if group.get(t, {}).get(p) != want:
+            if group is not None and group.get(t, {}).get(p) != want:
                 tables = "the table stores" if group_expected is None else "the tables' least is"
                 group_problems.append(
                     f"{t}:{p}: consumer group {config.kafka.consumer_group} has "
@@ -1028,9 +1052,14 @@ def run_verify(
                     "read them"
                 )
     count = sum(len(ps) for ps in stored.offsets.values())
-    checks.append(
-        ("group", group_problems, f"consumer group offsets equal the table's ({count} partitions)")
-    )
+    if group is not None:
+        checks.append(
+            (
+                "group",
+                group_problems,
+                f"consumer group offsets equal the table's ({count} partitions)",
+            )
+        )
     checks.append(
         ("retention", retention, "no stored offset is below Kafka's earliest (none expired unread)")
     )

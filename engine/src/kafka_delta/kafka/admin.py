@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -14,14 +16,21 @@ from confluent_kafka import (
     TopicCollection,
 )
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AclOperation, AdminClient, OffsetSpec
 
 from kafka_delta.kafka.clients import admin_settings, consumer_settings
-from kafka_delta.kafka.refusals import KafkaRefusedError, Refusals
+from kafka_delta.kafka.refusals import (
+    KafkaRefusedError,
+    Refusals,
+    group_not_authorized,
+    settings_refused,
+    topic_not_authorized,
+)
 from kafka_delta.offsets.model import Offsets
 
 __all__ = [
     "NO_TOPIC_ID",
+    "GroupNotAuthorizedError",
     "KafkaAdmin",
     "KafkaRefusedError",
     "KafkaUnavailableError",
@@ -46,6 +55,17 @@ class KafkaUnavailableError(RuntimeError):
     waits such an outage out (``kafka.unavailable_timeout_seconds``,
     :mod:`kafka_delta.runtime.run_loop`) and finds it by this class's name in the text Spark
     hands back, so keep the name."""
+
+
+class GroupNotAuthorizedError(KafkaRefusedError):
+    """Kafka does not let the client read the consumer group: the group only mirrors the
+    table's offsets for lag tools, so what reads it says "unreadable" rather than stopping."""
+
+
+T = TypeVar("T")
+# How often a request waiting for the brokers looks for a refusal among the client's error
+# events: a refused login fails no request by itself before the request's own timeout.
+_REFUSAL_LOOK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -78,7 +98,10 @@ class KafkaAdmin:
         # admin client, a producer handle, print a CONFWARN line on every run. Its error events
         # tell a refusal (a login, a TLS handshake) from brokers that do not answer.
         self._refusals = Refusals(self._conf)
-        self._admin = AdminClient(admin_settings(self._conf) | {"error_cb": self._refusals})
+        try:
+            self._admin = AdminClient(admin_settings(self._conf) | {"error_cb": self._refusals})
+        except KafkaException as exc:  # a CA or key file librdkafka cannot use
+            raise KafkaRefusedError(settings_refused(self._conf, _reason(exc))) from None
         self._isolation = (
             IsolationLevel.READ_COMMITTED
             if self._conf.get("isolation.level", "read_committed") == "read_committed"
@@ -95,6 +118,40 @@ class KafkaAdmin:
             return KafkaRefusedError(refused)
         return KafkaUnavailableError(unavailable)
 
+    def _refused(self) -> None:
+        """Raise :class:`KafkaRefusedError` when the brokers refused this client since the
+        request began (its error events, served now)."""
+        self._admin.poll(0)
+        if self._refusals.seen():
+            refused = self._refusals.sentence()
+            if refused is not None:
+                raise KafkaRefusedError(refused)
+
+    def _settle(self, futures: Iterable[concurrent.futures.Future[Any]]) -> None:
+        """Wait for ``futures`` (their own request timeout ends them), looking for a refusal
+        every :data:`_REFUSAL_LOOK_S`: a refused login or handshake is said within a second,
+        not after the request's whole timeout."""
+        pending = set(futures)
+        while pending:
+            _, pending = concurrent.futures.wait(pending, timeout=_REFUSAL_LOOK_S)
+            if pending:
+                self._refused()
+
+    def _metadata(self, call: Callable[[float], T]) -> T:
+        """``call(timeout)``, a synchronous metadata request, in slices of a second until
+        :attr:`_timeout`, looking for a refusal between them (see :meth:`_settle`)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return call(max(0.01, min(1.0, left)))
+            except KafkaException as exc:
+                if _code(exc) not in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
+                    raise
+                self._refused()
+                if time.monotonic() >= deadline:
+                    raise
+
     def _serve_logs(self) -> None:
         # An admin client's log lines wait in its queue until polled; served here, they go
         # through the once-per-message logger instead of piling up. A refusal counts for the
@@ -110,7 +167,7 @@ class KafkaAdmin:
         """Partition ids of each topic; a missing topic is an error, never auto-created."""
         topics = list(topics)
         try:
-            metadata = self._admin.list_topics(timeout=self._timeout)
+            metadata = self._metadata(lambda timeout: self._admin.list_topics(timeout=timeout))
         except KafkaException as exc:
             raise self._failed(
                 exc,
@@ -123,6 +180,10 @@ class KafkaAdmin:
         for topic in topics:
             meta = metadata.topics.get(topic)
             if meta is None or meta.error is not None or not meta.partitions:
+                # Kafka leaves out of a listing the topics the principal may not describe:
+                # asked by name (a DescribeTopics request, which creates nothing), it says
+                # which it is.
+                self.describe([topic])
                 raise ValueError(
                     f"topic {topic!r} does not exist on {self.bootstrap_servers} "
                     "(create it first; the pipeline never auto-creates topics)"
@@ -143,10 +204,12 @@ class KafkaAdmin:
             futures = self._admin.describe_topics(
                 TopicCollection(names), request_timeout=self._timeout
             )
+            self._settle(futures.values())
             for name, future in futures.items():
                 try:
                     description = future.result()
                 except KafkaException as exc:
+                    self._not_authorized(exc, name)
                     if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
                         raise
                     description = None
@@ -169,6 +232,56 @@ class KafkaAdmin:
         finally:
             self._serve_logs()
         return Topics(partitions, ids)
+
+    def _not_authorized(self, exc: KafkaException, topic: str, describe: bool = True) -> None:
+        """Raise the sentence of a topic request Kafka refused for an ACL; else nothing."""
+        if _code(exc) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaRefusedError(
+                topic_not_authorized(self.bootstrap_servers, self._conf, topic, describe=describe)
+            ) from None
+
+    def readable(self, topics: Iterable[str]) -> None:
+        """Raise :class:`KafkaRefusedError` naming the ACL the client lacks when Kafka says it
+        may not read (or not even describe) one of ``topics``: the operations Kafka reports the
+        principal authorized for on each topic (a broker that reports none is taken at its
+        word only when it reports some). Run before any work, so that a principal without Read
+        stops with the ACL to grant, not with a read task's failure."""
+        names = sorted(set(topics))
+        if not names:
+            return
+        try:
+            futures = self._admin.describe_topics(
+                TopicCollection(names),
+                request_timeout=self._timeout,
+                include_authorized_operations=True,
+            )
+            self._settle(futures.values())
+            for name, future in futures.items():
+                try:
+                    operations = future.result().authorized_operations
+                except KafkaException as exc:
+                    self._not_authorized(exc, name)
+                    if _code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        continue  # the partition listing names it
+                    raise
+                if operations is not None and AclOperation.READ not in operations:
+                    allowed = ", ".join(sorted(op.name for op in operations)) or "nothing"
+                    raise KafkaRefusedError(
+                        topic_not_authorized(
+                            self.bootstrap_servers,
+                            self._conf,
+                            name,
+                            why=f"Kafka authorizes it for {allowed} on the topic",
+                        )
+                    )
+        except KafkaException as exc:
+            raise self._failed(
+                exc,
+                f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
+                f"({_reason(exc)})",
+            ) from None
+        finally:
+            self._serve_logs()
 
     def _list_offsets(
         self,
@@ -230,10 +343,15 @@ class KafkaAdmin:
             )
             for spec in specs
         ]
+        self._settle(f for futures in pending for f in futures.values())
         for futures in pending:
             result: Offsets = {topic: {} for topic in partitions}
             for tp, future in futures.items():
-                offset = future.result().offset
+                try:
+                    offset = future.result().offset
+                except KafkaException as exc:
+                    self._not_authorized(exc, tp.topic, describe=False)
+                    raise
                 if offset < 0 and not negative_is_an_answer:
                     # No offset, and no error: librdkafka's answer (-1001) for a partition
                     # whose leader is gone and not yet replaced (a broker killed). Taken for a
@@ -281,10 +399,12 @@ class KafkaAdmin:
             futures = self._admin.describe_topics(
                 TopicCollection(names), request_timeout=self._timeout
             )
+            self._settle(futures.values())
             for name, future in futures.items():
                 try:
                     topic_id = future.result().topic_id
                 except KafkaException as exc:
+                    self._not_authorized(exc, name)
                     if _code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
                         continue  # absent topics are reported by the partition listing
                     raise
@@ -303,16 +423,20 @@ class KafkaAdmin:
         return ids
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
-        """The group's committed offsets for these partitions (absent when never committed).
+        """The group's committed offsets for these partitions (absent when never committed);
+        :class:`GroupNotAuthorizedError` when Kafka does not let the client read the group.
 
-        Asked through a consumer of the group that joins nothing (``Consumer.committed``), not
-        the admin API's ListConsumerGroupOffsets: librdkafka 2.16 answers an OffsetFetch error
-        that moves the group's coordinator (COORDINATOR_LOAD_IN_PROGRESS from a broker that
-        just started, NOT_COORDINATOR after a move) by asking the client's consumer group to
-        find its coordinator again, and an admin client has none: the process died with
-        SIGSEGV in ``rd_kafka_cgrp_op`` (seen on a fresh Apache Kafka broker, 2 runs in 12). A
-        consumer has its group, looks the coordinator up again and retries until the
-        timeout."""
+        The group's coordinator is asked first whether it can answer (DescribeGroups, which
+        also tells a group the client may not read at once, where a consumer would wait out
+        its timeout looking for the coordinator). The offsets are then asked through a
+        consumer of the group that joins nothing (``Consumer.committed``), not the admin API's
+        ListConsumerGroupOffsets: librdkafka 2.16 answers an OffsetFetch error that moves the
+        group's coordinator (COORDINATOR_LOAD_IN_PROGRESS from a broker that just started,
+        NOT_COORDINATOR after a move) by asking the client's consumer group to find its
+        coordinator again, and an admin client has none: the process died with SIGSEGV in
+        ``rd_kafka_cgrp_op`` (confluentinc/librdkafka#5040; seen on a fresh Apache Kafka
+        broker, 2 runs in 12). A consumer has its group, looks the coordinator up again and
+        retries until the timeout."""
         request = [
             KafkaTopicPartition(topic, p) for topic, parts in partitions.items() for p in parts
         ]
@@ -325,6 +449,7 @@ class KafkaAdmin:
         deadline = time.monotonic() + self._timeout
         wait = 0.1
         try:
+            self._coordinator_ready(group, deadline)
             while True:
                 try:
                     answered = consumer.committed(
@@ -339,6 +464,10 @@ class KafkaAdmin:
                 time.sleep(wait)
                 wait = min(1.0, wait * 2)
         except KafkaException as exc:
+            if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise GroupNotAuthorizedError(
+                    group_not_authorized(self.bootstrap_servers, self._conf, group)
+                ) from None
             consumer.poll(0)  # its error events, for a refusal
             raise self._failed(
                 exc,
@@ -351,6 +480,10 @@ class KafkaAdmin:
         result: Offsets = {}
         for tp in answered:
             if tp.error is not None:
+                if tp.error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise GroupNotAuthorizedError(
+                        group_not_authorized(self.bootstrap_servers, self._conf, group)
+                    )
                 raise KafkaUnavailableError(
                     f"cannot read offsets of group {group!r} on {self.bootstrap_servers}: "
                     f"{tp.topic}[{tp.partition}]: {tp.error.str()}"
@@ -358,6 +491,28 @@ class KafkaAdmin:
             if tp.offset >= 0:
                 result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         return result
+
+    def _coordinator_ready(self, group: str, deadline: float) -> None:
+        """Return once the group's coordinator answers a DescribeGroups request, asking again
+        while it loads or moves until ``deadline``; :class:`GroupNotAuthorizedError` when Kafka
+        does not let the client describe the group. (An admin client's DescribeGroups needs no
+        consumer group of its own, unlike its OffsetFetch: see :meth:`committed`.)"""
+        wait = 0.1
+        while True:
+            futures = self._admin.describe_consumer_groups([group], request_timeout=self._timeout)
+            self._settle(futures.values())
+            try:
+                futures[group].result()
+                return
+            except KafkaException as exc:
+                if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise GroupNotAuthorizedError(
+                        group_not_authorized(self.bootstrap_servers, self._conf, group)
+                    ) from None
+                if _code(exc) not in _COORDINATOR_BUSY or time.monotonic() + wait > deadline:
+                    raise
+            time.sleep(wait)
+            wait = min(1.0, wait * 2)
 
 
 # What a request to a partition's leader earns from a metadata cache that is behind the cluster

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from kafka_delta.kafka.refusals import LOG_LINES
+
 CONSUMER_ONLY = frozenset(
     {
         "auto.commit.interval.ms",
@@ -95,6 +97,67 @@ def consumer_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in conf.items() if k not in PRODUCER_ONLY} | _logging()
 
 
+# The file-valued settings of each client, and what each file is: librdkafka's (kafka.client)
+# and the Java client's (kafka.jvm_client).
+LIBRDKAFKA_FILES = {
+    "ssl.ca.location": "the CA that signed the brokers' certificates (PEM)",
+    "ssl.certificate.location": "the client's certificate (PEM)",
+    "ssl.key.location": "the client's private key (PEM)",
+    "ssl.keystore.location": "the client's PKCS#12 key store",
+    "ssl.crl.location": "the CA's revocation list",
+    "sasl.kerberos.keytab": "the client's Kerberos keytab",
+}
+JVM_FILES = {
+    "ssl.truststore.location": "a trust store holding the CA that signed the brokers' certificates",
+    "ssl.keystore.location": "the client's key store",
+}
+
+
+def missing_file(client: Mapping[str, Any], jvm_client: Mapping[str, Any]) -> str | None:
+    """The sentence for the first file a client setting names that this machine does not have
+    (or may not read), else None: librdkafka would fail to start a client with an OpenSSL
+    error ("ssl.ca.location failed: ... BIO lib"), and the Java client inside Spark's query
+    with a stack trace. A relative path of ``kafka.jvm_client`` is left alone: Spark's
+    executors read it in their own working folder, where ``--files`` puts files."""
+    import os
+
+    checks = [("kafka.client", k, client.get(k), what) for k, what in LIBRDKAFKA_FILES.items()]
+    checks += [
+        ("kafka.jvm_client", k, jvm_client.get(k), what)
+        for k, what in JVM_FILES.items()
+        if os.path.isabs(str(jvm_client.get(k) or ""))
+    ]
+    for where, key, value, what in checks:
+        if not value or (key == "ssl.ca.location" and str(value) == "probe"):
+            continue
+        path = os.path.expanduser(str(value))
+        problem = (
+            "does not exist on this machine"
+            if not os.path.exists(path)
+            else "cannot be read by this process"
+            if not os.access(path, os.R_OK)
+            else None
+        )
+        if problem is not None:
+            return (
+                f"{where}'s {key} is {value}, which {problem}: point it at {what}; nothing "
+                "was read or written"
+            )
+    return None
+
+
+def about_its_group_only(error: Any) -> bool:
+    """Whether an error a consumer that reads by position (``assign``: never a member of its
+    group, never committing) got concerns only its ``group.id``. librdkafka looks up the group
+    coordinator of every consumer that has one (confluent-kafka requires a ``group.id``), and a
+    principal without Describe on that group gets ``GROUP_AUTHORIZATION_FAILED`` as an error
+    event: it says nothing of the records read, which Kafka authorizes by the topic's ACLs
+    alone, so such a reader passes it over."""
+    from confluent_kafka import KafkaError
+
+    return bool(error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED)
+
+
 def _logging() -> dict[str, Any]:
     return {"logger": librdkafka_logger()}
 
@@ -125,17 +188,13 @@ class OncePerMessage(logging.Filter):
 
 class RefusalsSaidElsewhere(logging.Filter):
     """Keeps librdkafka's lines about a refusal (a failed SASL login, a failed TLS handshake, a
-    plaintext request to a TLS listener) out of a run's log: the call that fails says it in
-    one sentence with the settings to check (:mod:`.refusals`), and a line above it would only
-    say it again, in librdkafka's words. ``--log-level DEBUG`` shows them, as DEBUG."""
-
-    _REFUSAL = re.compile(
-        r"SASL authentication error|SSL handshake failed|"
-        r"incorrect security\.protocol configuration|certificate verify failed"
-    )
+    client certificate refused, a plaintext request to a TLS listener) out of a run's log: the
+    call that fails says it in one sentence with the settings to check (:mod:`.refusals`), and
+    a line above it would only say it again, in librdkafka's words. ``--log-level DEBUG`` shows
+    them, as DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._REFUSAL.search(record.getMessage()):
+        if not LOG_LINES.search(record.getMessage()):
             return True
         if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
             return False

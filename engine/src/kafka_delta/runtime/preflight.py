@@ -145,7 +145,8 @@ def _check_folder(key: str, location: str, path: Path) -> None:
 
 def check_kafka(config: PipelineConfig, timeout_s: float = KAFKA_TIMEOUT_S) -> None:
     """Some bootstrap address accepts a TCP connection, the brokers answer a metadata request
-    within ``timeout_s``, and every topic exists."""
+    within ``timeout_s`` (refusing neither the client's login nor its TLS handshake), every
+    topic exists, and the client may read it."""
     servers = config.kafka.bootstrap_servers
     failures = [f for f in (_connect(a) for a in servers.split(",") if a.strip()) if f]
     if failures and len(failures) == len([a for a in servers.split(",") if a.strip()]):
@@ -155,9 +156,12 @@ def check_kafka(config: PipelineConfig, timeout_s: float = KAFKA_TIMEOUT_S) -> N
             f"cannot reach Kafka at {servers} ({'; '.join(failures)}): check "
             "kafka.bootstrap_servers (or --bootstrap-servers) and that the brokers are up"
         )
-    admin = KafkaAdmin(config.kafka.client_config(), timeout_s=timeout_s)
     try:
+        admin = KafkaAdmin(config.kafka.client_config(), timeout_s=timeout_s)
         admin.partitions(config.kafka.topics)
+        # A principal without Read on a topic stops here, with the ACL to grant, not in a
+        # read task after Spark started.
+        admin.readable(config.kafka.topics)
     except KafkaRefusedError as exc:  # the brokers answered: the settings are wrong
         raise PreflightError(f"{exc}; nothing was read or written") from None
     except KafkaUnavailableError as exc:

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 from kafka_delta.decoding.failures import message_seen, registry_down, schema_changed
 from kafka_delta.delta.maintenance import Maintainer, maintainer_for
+from kafka_delta.kafka.jvm_refusals import refused
 from kafka_delta.kafka.outage import KafkaOutage, got_through_a_trigger, kafka_down
+from kafka_delta.kafka.refusals import KafkaRefusedError
 from kafka_delta.recovery.lease import RunLease
 from kafka_delta.runtime.compaction import RunCompaction
 from kafka_delta.runtime.spark_session import session_of_its_own
@@ -351,6 +353,12 @@ class RunLoop:
                     self._run_query(query)
                     return summary
                 except Exception as exc:
+                    # Kafka answered and refused (a login, a handshake, an ACL; the Java
+                    # client's of Spark's kafka source too): the settings must change, so the
+                    # run stops with the sentence, never waiting it out as an outage.
+                    refusal = refused(exc, kafka)
+                    if refusal is not None:
+                        raise KafkaRefusedError(refusal) from None
                     # Batches went through since the last outage, or the query got through a
                     # trigger (a quiet topic has no batch): a new outage gets every wait. Not
                     # the time an attempt took: one that waits out the clients' own timeouts

@@ -24,6 +24,33 @@ READABLE_PARQUET = {
 }
 
 
+# The Kafka options whose values are secrets, by the keys the engine hands Spark: the embedded
+# source's ``kafkaConfig`` (every librdkafka setting of kafka.client, passwords and inline PEM
+# keys among them), and Spark's kafka source's ``kafka.<key>`` options of kafka.jvm_client
+# (``sasl.jaas.config`` holds the password inside its value; ``ssl.keystore.key`` an inline
+# private key). Spark prints a source's options wherever it prints its plan (``explain``, the
+# UI, a failure's plan), redacting those whose key or value matches
+# ``spark.sql.redaction.options.regex`` or ``spark.redaction.regex``; Spark's defaults catch
+# "password" and "secret" in a value, not an inline key, and a platform or user may set others.
+KAFKA_SECRET_OPTIONS = (
+    r"kafkaConfig|kafka\.sasl\.jaas\.config|"
+    r"kafka\..*(?:password|secret|token|credentials|\.key|\.pem)"
+)
+OPTIONS_REDACTION = "spark.sql.redaction.options.regex"
+
+
+def redact_kafka_options(spark) -> None:
+    """Add :data:`KAFKA_SECRET_OPTIONS` to the session's ``spark.sql.redaction.options.regex``
+    (a session conf: classic and Connect sessions alike, the platform's too), keeping what it
+    redacts already. Called where the engine builds a session and where it hands a source its
+    options, so that no session it reads Kafka in prints a secret of them."""
+    current = spark.conf.get(OPTIONS_REDACTION, None) or ""
+    if KAFKA_SECRET_OPTIONS in current:
+        return
+    ours = f"(?i:{KAFKA_SECRET_OPTIONS})"
+    spark.conf.set(OPTIONS_REDACTION, f"(?:{current})|{ours}" if current else ours)
+
+
 def use_readable_parquet(spark, configured: dict[str, str] | None = None) -> None:
     """Set :data:`READABLE_PARQUET` on ``spark`` (classic or Connect), but the keys
     ``configured`` (the config's ``spark.conf``) names."""
@@ -85,6 +112,7 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
             except Exception as exc:  # a static conf: the server's to set
                 log.warning("spark.conf %s is not settable on a Connect session: %s", key, exc)
         use_readable_parquet(spark, config.spark.conf)
+        redact_kafka_options(spark)
         return spark
     master = submitted_master()
     if master is None and config.spark.master:
@@ -114,6 +142,7 @@ def build_spark(config: PipelineConfig, log4j_config: Path | None = None):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     use_readable_parquet(spark, config.spark.conf)
+    redact_kafka_options(spark)
     if not is_connect(spark):  # a Connect session (the platform's) has no SparkContext
         context = spark.sparkContext
         context.setLogLevel("WARN")

@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kafka_delta.config import KafkaConfig
 from kafka_delta.offsets.model import StoredOffsets, offsets_to_json, starting_offsets_option
-from kafka_delta.runtime.spark_session import default_parallelism
+from kafka_delta.runtime.spark_session import default_parallelism, redact_kafka_options
 from kafka_delta.sources.kafka_datasource import SOURCE_NAME, KafkaDataSource
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class EmbeddedSource:
         # ``resuming`` changes nothing here: the stored offsets also start partitions new to
         # an existing checkpoint.
         spark.dataSource.register(KafkaDataSource)
+        redact_kafka_options(spark)  # kafkaConfig holds kafka.client's secrets
         options = embedded_source_options(
             self.kafka, stored, default_parallelism(spark), decode, topic_ids, self.idle_poll_s
         )

@@ -73,7 +73,8 @@ from kafka_delta.kafka.admin import (
     Topics,
     Watermarks,
 )
-from kafka_delta.kafka.clients import consumer_settings
+from kafka_delta.kafka.clients import about_its_group_only, consumer_settings
+from kafka_delta.kafka.refusals import KafkaRefusedError, topic_not_authorized
 from kafka_delta.offsets.model import (
     Offsets,
     StartingOffsets,
@@ -637,6 +638,13 @@ def _records_before_end(
                 raise DataLossError(
                     f"{task.topic}[{task.partition}]: offset {position} is out of "
                     f"range ({err.str()}); the records were deleted from Kafka"
+                )
+            if about_its_group_only(err):
+                continue
+            if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                conf = dict(task.client_config)
+                raise KafkaRefusedError(
+                    topic_not_authorized(conf.get("bootstrap.servers", "?"), conf, task.topic)
                 )
             raise KafkaException(err)
         offset = msg.offset()

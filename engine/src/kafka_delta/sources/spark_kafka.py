@@ -26,7 +26,7 @@ from kafka_delta.offsets.model import (
     offsets_to_json,
     starting_offsets_option,
 )
-from kafka_delta.runtime.spark_session import default_parallelism
+from kafka_delta.runtime.spark_session import default_parallelism, redact_kafka_options
 
 if TYPE_CHECKING:
     from kafka_delta.decoding.spec import DecodeSpec
@@ -154,6 +154,7 @@ class SparkKafkaSource:
         topic_ids: Mapping[str, str] | None = None,
     ) -> DataFrame:
         parallelism = default_parallelism(spark)
+        redact_kafka_options(spark)  # kafka.<key> options hold kafka.jvm_client's secrets
         options = spark_kafka_options(self.kafka, self.starting(stored, resuming), parallelism)
         df = self.read_stream(spark, options)
         if decode is None:
