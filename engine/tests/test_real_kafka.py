@@ -358,10 +358,16 @@ def test_records_deleted_before_they_were_read_stop_the_run_with_one_sentence_or
     # In this one Spark session, the refused batch's other task may still be reading: Spark's
     # kafka source would lend its consumer to the next run's task ("KafkaConsumer is not safe
     # for multi-threaded access"). A run of its own (a new process) has no such neighbour.
+    # A cancelled job leaves the active jobs at once; its tasks end when their threads see the
+    # interruption: wait for the executor's running tasks.
+    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 60
-    while spark.sparkContext.statusTracker().getActiveJobsIds():
+    while tracker.getActiveJobsIds() or any(
+        e.numRunningTasks for e in tracker.getExecutorInfos()
+    ):
         assert time.monotonic() < deadline, "the refused batch's tasks did not end"
         time.sleep(0.2)
+    time.sleep(1)
     skipping = cfg.with_overrides(**{"kafka.fail_on_data_loss": False})
     caplog.clear()
     caplog.set_level(logging.WARNING)
@@ -536,21 +542,20 @@ def test_the_leader_of_a_partition_the_run_reads_is_sigkilled_and_the_run_rides_
         killed = time.time()
         three_brokers.kill(leader)
         produce_events(bootstrap, [topic], 400, first_id=400)  # acks=all: two replicas in sync
-        running.wait("every record after the kill", lambda: table_rows(cfg) >= 800, 240)
-        # How long the leader change stalled the partition: from the kill to the first commit
-        # that took it past where the commits before the kill had left it.
-        batches = running.progress.batches
-        before = max(
-            (b.end_offsets[topic].get(0, 0) for b in batches if b.finished_at <= killed),
-            default=0,
+        # How long the leader change stalled the partition: from the kill to the Delta commit
+        # that took its stored offset past the 100 records it held before (read from the
+        # table's log, the truth; the run's listeners hear of a batch only after its
+        # commit-back, which waits for the group's coordinator if the kill took it too).
+        running.wait(
+            f"{topic}[0] committed past the kill",
+            lambda: stored_offsets(cfg).get(topic, {}).get(0, 0) > 100,
+            240,
         )
-        after = [
-            b.finished_at - killed
-            for b in batches
-            if b.finished_at > killed and b.end_offsets[topic].get(0, 0) > before
-        ]
-        assert after, [(round(b.finished_at - killed, 1), b.end_offsets) for b in batches]
-        resumed = min(after)
+        resumed = time.time() - killed
+        # Kafka moves the partition's leadership once the controller fences the killed broker
+        # (broker.session.timeout.ms, 9 s): the stall is printed, not bounded (a timed test
+        # under CI's load would fail on the machine, not on the engine).
+        running.wait("every record after the kill", lambda: table_rows(cfg) >= 800, 240)
         print(
             f"node {leader} (leader of {topic}[0]) killed; {topic}[0] committed again "
             f"{resumed:.1f} s after the kill; every record landed {time.time() - killed:.0f} s "

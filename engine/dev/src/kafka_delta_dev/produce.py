@@ -450,11 +450,23 @@ def produce_events(
         encoders[1] = value_encoder(value_format, registry_url, 1)
         if evolve:
             encoders[2] = value_encoder(value_format, registry_url, 2)
-    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
-    counts = {t: len(metadata.topics[t].partitions) if t in metadata.topics else 0 for t in topics}
-    missing = [t for t, n in counts.items() if n == 0]
-    if missing:
-        raise ValueError(f"topics {missing} do not exist on {bootstrap}; call ensure_topics first")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # A topic just created reaches each broker's metadata a moment apart: a broker of several
+    # may not list it yet.
+    deadline = time.monotonic() + 10
+    while True:
+        metadata = admin.list_topics(timeout=10)
+        counts = {
+            t: len(metadata.topics[t].partitions) if t in metadata.topics else 0 for t in topics
+        }
+        missing = [t for t, n in counts.items() if n == 0]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise ValueError(
+                f"topics {missing} do not exist on {bootstrap}; call ensure_topics first"
+            )
+        time.sleep(0.2)
     per_topic: dict[str, list[tuple[int, bytes]]] = {t: [] for t in topics}
     half = records // 2
     for n in range(records):

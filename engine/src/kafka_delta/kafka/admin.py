@@ -137,6 +137,31 @@ class KafkaAdmin:
             if pending:
                 self._refused()
 
+    def _asked_again(
+        self, request: Callable[[float], dict[Any, concurrent.futures.Future[Any]]]
+    ) -> dict[Any, concurrent.futures.Future[Any]]:
+        """``request(timeout)``'s futures, settled, the request sent again until
+        :attr:`_timeout` while it fails for its broker's sake (the connection lost, or no
+        answer within a slice of the time): the broker it went to may be the one just killed
+        or still cached as the controller, and a second request goes to one that is up. A
+        broker of three down left each DescribeTopics waiting out its 30 s for the controller
+        it had cached, the run writing nothing meanwhile."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            futures = request(max(1.0, min(_ATTEMPT_S, left)))
+            self._settle(futures.values())
+            failed = [
+                f.exception()
+                for f in futures.values()
+                if isinstance(f.exception(), KafkaException)
+                and _code(f.exception()) in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
+            ]
+            if not failed or time.monotonic() + 0.2 >= deadline:
+                return futures
+            self._refused()
+            time.sleep(0.2)
+
     def _metadata(self, call: Callable[[float], T]) -> T:
         """``call(timeout)``, a synchronous metadata request, in slices of a second until
         :attr:`_timeout`, looking for a refusal between them (see :meth:`_settle`)."""
@@ -201,10 +226,11 @@ class KafkaAdmin:
         partitions: dict[str, list[int]] = {}
         ids: dict[str, str] = {}
         try:
-            futures = self._admin.describe_topics(
-                TopicCollection(names), request_timeout=self._timeout
+            futures = self._asked_again(
+                lambda timeout: self._admin.describe_topics(
+                    TopicCollection(names), request_timeout=timeout
+                )
             )
-            self._settle(futures.values())
             for name, future in futures.items():
                 try:
                     description = future.result()
@@ -250,12 +276,13 @@ class KafkaAdmin:
         if not names:
             return
         try:
-            futures = self._admin.describe_topics(
-                TopicCollection(names),
-                request_timeout=self._timeout,
-                include_authorized_operations=True,
+            futures = self._asked_again(
+                lambda timeout: self._admin.describe_topics(
+                    TopicCollection(names),
+                    request_timeout=timeout,
+                    include_authorized_operations=True,
+                )
             )
-            self._settle(futures.values())
             for name, future in futures.items():
                 try:
                     operations = future.result().authorized_operations
@@ -396,10 +423,11 @@ class KafkaAdmin:
             return {}
         ids: dict[str, str] = {}
         try:
-            futures = self._admin.describe_topics(
-                TopicCollection(names), request_timeout=self._timeout
+            futures = self._asked_again(
+                lambda timeout: self._admin.describe_topics(
+                    TopicCollection(names), request_timeout=timeout
+                )
             )
-            self._settle(futures.values())
             for name, future in futures.items():
                 try:
                     topic_id = future.result().topic_id
@@ -528,6 +556,10 @@ _STALE_METADATA = frozenset(
     }
 )
 _STALE_METADATA_ATTEMPTS = 5
+
+
+# The longest one attempt of a request :meth:`KafkaAdmin._asked_again` sends again may wait.
+_ATTEMPT_S = 8.0
 
 
 # A group coordinator that cannot answer yet: loading its log after a (re)start, not yet
