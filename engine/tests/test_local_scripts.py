@@ -136,6 +136,48 @@ def test_run_local_refuses_a_jar_folder_that_is_missing_or_empty(tmp_path: Path)
         assert run.returncode == 2 and says in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize(
+    "master",
+    [
+        {"SPARK_MASTER": "spark://127.0.0.1:7077"},
+        {"SPARK_SUBMIT_EXTRA": "--conf spark.ui.enabled=false --master spark://127.0.0.1:7077"},
+        {"SPARK_SUBMIT_EXTRA": "--master=yarn"},
+    ],
+    ids=["SPARK_MASTER", "--master", "--master="],
+)
+def test_run_local_refuses_a_clusters_master_naming_submit(master: dict[str, str]) -> None:
+    # It ships nothing to a cluster's executors: a UDF calling the project's module failed
+    # there with ModuleNotFoundError. One sentence, before Spark starts.
+    run = subprocess.run(
+        [str(PROJECT / "scripts" / "run_local.sh"), "--help"],
+        cwd=PROJECT,
+        env=_env(**master),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    target = "yarn" if "yarn" in str(master) else "spark://127.0.0.1:7077"
+    assert lines[0] == (
+        f"error: master {target} is a cluster's, and scripts/run_local.sh ships nothing to its "
+        f"executors: run scripts/submit.sh --master {target}, which ships this project and the "
+        "engine"
+    )
+
+
+def test_run_local_with_a_local_master_in_spark_submit_extra_is_not_refused() -> None:
+    run = subprocess.run(
+        [str(PROJECT / "scripts" / "run_local.sh"), "--help"],
+        cwd=PROJECT,
+        env=_env(SPARK_SUBMIT_EXTRA="--master local[1]"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "--bootstrap-servers" in run.stdout, run.stderr[-2000:]
+
+
 def test_run_local_refuses_an_abbreviated_option_instead_of_overriding_it(tmp_path: Path) -> None:
     # The script adds the address of the broker scripts/broker.sh started (.broker.json) unless
     # --bootstrap-servers is given: argparse taking `--bootstrap-server` for it let that address

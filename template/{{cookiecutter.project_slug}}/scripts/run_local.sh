@@ -13,6 +13,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYSPARK_PYTHON:-$(command -v python)}"
+# A cluster's master (SPARK_MASTER, or --master in SPARK_SUBMIT_EXTRA: the last one given wins,
+# as in spark-submit) needs this project and the engine shipped to its executors, which this
+# script does not do: scripts/submit.sh does, then runs this script with --py-files. Without
+# them, a UDF calling the project's module failed on the executors (ModuleNotFoundError).
+MASTER="${SPARK_MASTER:-local[2]}"
+read -ra EXTRA <<< "${SPARK_SUBMIT_EXTRA:-}"
+NEXT=""
+for WORD in "${EXTRA[@]}"; do
+  [ -n "$NEXT" ] && MASTER="$WORD"
+  NEXT=""
+  case "$WORD" in
+    --master) NEXT=1 ;;
+    --master=*) MASTER="${WORD#--master=}" ;;
+  esac
+done
+case "$MASTER" in
+  local | local\[*) ;;
+  *) case " ${EXTRA[*]:-} " in
+       *" --py-files "*) ;;  # shipped (scripts/submit.sh)
+       *) echo "error: master $MASTER is a cluster's, and scripts/run_local.sh ships nothing to its executors: run scripts/submit.sh --master $MASTER, which ships this project and the engine" >&2
+          exit 2 ;;
+     esac ;;
+esac
 if [ -n "${KAFKA_DELTA_JARS:-}" ]; then
   [ -d "$KAFKA_DELTA_JARS" ] || { echo "error: KAFKA_DELTA_JARS=$KAFKA_DELTA_JARS is not a folder" >&2; exit 2; }
   JARS="$(find "$KAFKA_DELTA_JARS" -maxdepth 1 -name '*.jar' | sort | paste -sd, -)"
