@@ -1,9 +1,9 @@
 """Crash harness: proves exactly-once (I1) and checkpoint-loss recovery (I3) under SIGKILL.
 
-Generates a project, starts the embedded broker, produces records with unique ids in rounds
-while the generated pipeline runs as a separate OS process (continuous trigger), and kills
-that process with SIGKILL over and over: at random moments, and at the engine's named crash
-points (after the Delta commit and before Spark records the batch; inside the commit-back
+Generates a project, starts the development broker (Apache Kafka), produces records with unique
+ids in rounds while the generated pipeline runs as a separate OS process (continuous trigger),
+and kills that process with SIGKILL over and over: at random moments, and at the engine's named
+crash points (after the Delta commit and before Spark records the batch; inside the commit-back
 hook; mid-read; ...). Each restart reuses the checkpoint, except in some cycles where the
 checkpoint folder is deleted first. A last fault-free run drains the topics, then an
 independent reader (delta-rs and confluent-kafka directly, not the engine's code) checks the

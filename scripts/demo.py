@@ -1,4 +1,4 @@
-"""The demo: generate a project, start the embedded broker, produce events, run the pipeline
+"""The demo: generate a project, start the development broker, produce events, run the pipeline
 until caught up with spark-submit, then show the table, its stored offsets and the consumer
 group's lag, and draw records/s and lag per batch as a PNG (the project's `report` command).
 The last line is machine-checkable:

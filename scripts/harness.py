@@ -1,9 +1,8 @@
-"""The crash harness's parts (scripts/chaos.py): a generated project, the embedded broker
-(kafka_delta_dev), the pipeline as an OS process (``python -m <package>``), and an independent
-check of the result that reads the table with delta-rs and Kafka with confluent-kafka directly,
-never the engine's code. (The operations harness, scripts/ops.py, runs in one process: its
-parts are in opslib/.)
-"""
+"""The crash harness's parts (scripts/chaos.py): a generated project, the development broker (Apache
+Kafka, kafka_delta_dev), the pipeline as an OS process (``python -m <package>``), and an
+independent check of the result that reads the table with delta-rs and Kafka with confluent-kafka
+directly, never the engine's code. (The operations harness, scripts/ops.py, runs in one process:
+its parts are in opslib/.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The repository's own dev-tool scripts (docs/development.md, "Other scripts"), run as pasted:
-the embedded broker and its Schema Registry (kafka_delta_dev, imported by the repo's venv
+the development broker and its Schema Registry (kafka_delta_dev, imported by the repo's venv
 straight from template/), no project generated."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A generated project's own suite passes, as its user runs it: chispa tests of the transform,
-its configs, its Databricks bundle, and one end-to-end run through the embedded broker
+its configs, its Databricks bundle, and one end-to-end run through the development broker
 killed in the middle and restarted (tests/test_smoke.py of the project). The engine's proofs run
 once, in this repo (engine/tests), not in every project."""
 

@@ -1,4 +1,4 @@
-"""scripts/broker.sh keeps the embedded broker's address in .broker.json, where
+"""scripts/broker.sh keeps the development broker's address in .broker.json, where
 scripts/produce.sh and scripts/run_local.sh find it: a real broker started and stopped by the
 script, and the state file's failure cases, each with one clear message."""
 

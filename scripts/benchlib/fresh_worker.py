@@ -29,8 +29,8 @@ from .spark_run import _logging, _spark, _stop
 log = logging.getLogger("bench")
 
 # The Java client's fetch wait, as CLIENT sets librdkafka's for A (and the generated project's
-# conf/local.yaml for both): the embedded broker holds a fetch for the whole wait, and the Java
-# client's default (500 ms) made B's and C's reads at the partitions' live ends wait it out.
+# conf/local.yaml for both): a fetch at a partition's live end waits for records that long, and
+# the Java client's default (500 ms) made B's and C's reads wait it out.
 # The same broker setting on every side; nothing else of C is tuned.
 JVM_CLIENT = {"fetch.max.wait.ms": "100"}
 # Spark keeps the progress of this many triggers (default 100): all of a freshness run's.

@@ -16,8 +16,9 @@ record: the commit that added it became visible in ``_delta_log`` (the commit fi
 minus its Kafka timestamp (:mod:`.visibility`); p50, p99 and max, and each window id checked
 once in the table (lost: missing; doubled: there twice).
 
-The tail: a broker may serve a partition's newest records only once another record follows
-them (Tansu 0.6 does), and no side can commit a record it has not been served. So the producer
+The tail: the stand-in broker (Tansu 0.6, where Kafka's jars cannot be had) serves a partition's
+newest records only once another record follows them, and no side can commit a record it has
+not been served. So the producer
 runs on at the same rate after the window until Spark's checkpoint records a batch whose end
 offsets cover the window's last records (at most ``--freshness-tail-max`` seconds); only the
 window's records are measured, and a window record not committed by then counts as lost.
@@ -594,11 +595,10 @@ def add_options(parser: Any) -> None:
         "--freshness-linger-ms",
         type=float,
         default=5.0,
-        help="the steady producer's linger.ms (default 5). The embedded broker answers a "
-        "partition's offsets in a time that grows with the record batches it holds: at 5 ms "
-        "its offset requests on a live topic took 0.1 s each after ten minutes, and it stopped "
-        "answering; a long window (--freshness-seconds 1800) needs fewer, larger batches "
-        "(100)",
+        help="the steady producer's linger.ms (default 5). The stand-in broker (Tansu) answers "
+        "a partition's offsets in a time that grows with the record batches it holds: at 5 ms "
+        "its offset requests on a live topic took 0.1 s each after ten minutes; on it, a long "
+        "window (--freshness-seconds 1800) needs fewer, larger batches (100)",
     )
     group.add_argument(
         "--freshness-compact-every",

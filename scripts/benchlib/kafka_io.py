@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# librdkafka settings every reader in the benchmark shares, the pipeline's included (Tansu holds
-# a fetch for the whole fetch.wait.max.ms; 100 ms reads faster than the default 500 ms, and
-# changes nothing on Kafka).
+# librdkafka settings every reader in the benchmark shares, the pipeline's included (a fetch at a
+# partition's live end waits fetch.wait.max.ms for records: 100 ms, as conf/local.yaml sets,
+# against librdkafka's 500 ms).
 CLIENT = {"fetch.wait.max.ms": 100}
 POLL_TIMEOUT_S = 120.0
 

@@ -54,6 +54,7 @@ class Results:
     scale: list[Row] = field(default_factory=list)  # --many-batches
     problems: list[str] = field(default_factory=list)
     class_archive: str = ""  # the JVM class archive the Spark runs started from, if any
+    broker: str = "Apache Kafka"  # what served the topics (the stand-in where Kafka's jars lack)
 
 
 # -- derived figures ------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def print_table(results: Results) -> None:
     say(
         f"{a.records:,} JSON events (~75 bytes) over {a.partitions} partitions, batch "
         f"{a.batch_size:,} records, {os.cpu_count()} cores, Spark {a.spark_master}, "
-        "embedded Tansu broker"
+        f"one {results.broker} broker on 127.0.0.1"
     )
     header = (
         f"{'#':>2}  {'run':<54}{'records/s':>11}{'x simple':>9}{'wall s':>8}{'start-up s':>11}"

@@ -1,5 +1,6 @@
-"""The orchestrator: renders a project, starts the embedded broker, produces the topics, runs
-each measurement in its own worker process, and turns the workers' records into rows."""
+"""The orchestrator: renders a project, starts the development broker (Apache Kafka), produces the
+topics, runs each measurement in its own worker process, and turns the workers' records into
+rows."""
 
 from __future__ import annotations
 
@@ -856,6 +857,7 @@ class Bench:
             log_path=self.out / "logs" / "broker.log", folder=self.out / "kafka"
         )
         say(f"==> starting the broker ({broker.kind}) on 127.0.0.1")
+        self.results.broker = "Apache Kafka" if broker.kind == "kafka" else "Tansu (stand-in)"
         self.broker_mod.start_broker(broker)
         try:
             self.bootstrap = broker.bootstrap_servers

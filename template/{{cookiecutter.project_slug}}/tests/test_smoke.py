@@ -1,4 +1,4 @@
-"""End to end, as this project runs: the embedded broker (or KAFKA_BOOTSTRAP_SERVERS), this
+"""End to end, as this project runs: the development broker (or KAFKA_BOOTSTRAP_SERVERS), this
 project's config and transform, a run killed with SIGKILL in the middle of the stream (the
 whole process group: Python driver and Spark's JVM), then a restart. Every record must be in
 the table exactly once, and the consumer group must show no lag: the promise of the template,
