@@ -362,9 +362,7 @@ def test_records_deleted_before_they_were_read_stop_the_run_with_one_sentence_or
     # interruption: wait for the executor's running tasks.
     tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 60
-    while tracker.getActiveJobsIds() or any(
-        e.numRunningTasks for e in tracker.getExecutorInfos()
-    ):
+    while tracker.getActiveJobsIds() or any(e.numRunningTasks for e in tracker.getExecutorInfos()):
         assert time.monotonic() < deadline, "the refused batch's tasks did not end"
         time.sleep(0.2)
     time.sleep(1)
