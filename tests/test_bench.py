@@ -599,7 +599,7 @@ def test_delta_jars_default_honours_the_environment(monkeypatch: pytest.MonkeyPa
 BATCH_TENTHS = ("batch_ms_first", "batch_ms_last")
 FRESH_TINY = (
     "--rows 16 --no-sweep --no-memory --partitions 2 --freshness-rates 300 "
-    "--freshness-sides A,C --freshness-seconds 3 --freshness-warmup 1 "
+    "--freshness-sides A,C,D --freshness-seconds 3 --freshness-warmup 1 "
     "--freshness-compact-every 1"
 ).split()
 
@@ -608,8 +608,9 @@ def test_tiny_freshness_row_checks_each_window_record_once_on_each_side(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Row 16's mechanics, CI-sized: a steady producer, a window after warm-up, every window
-    record found once in the side's table with its freshness; side C (Spark's own kafka source
-    and Delta sink) needs the connector jars, and says so without them. B runs A's worker on the
+    record found once in the side's table with its freshness; sides C (Spark's own kafka source
+    and Delta sink) and D (the same read, foreachBatch's idempotent appends) need the connector
+    jars, and say so without them. B runs A's worker on the
     cluster engine: not repeated here."""
     monkeypatch.setenv("SPARK_CLASS_ARCHIVE", "off")  # no first run recording one: seconds
     result, figures = _bench(FRESH_TINY, tmp_path, timeout=600)
@@ -617,10 +618,10 @@ def test_tiny_freshness_row_checks_each_window_record_once_on_each_side(
     assert "freshness: Kafka timestamp -> its commit visible in _delta_log" in result.stdout
     with open(tmp_path / "freshness.csv", newline="") as f:
         rows = {r["side"]: r for r in csv.DictReader(f)}
-    assert set(rows) == {"A", "C"}
+    assert set(rows) == {"A", "C", "D"}
     jars = cli.default_delta_jars()
     for side, row in rows.items():
-        if side == "C" and not jars:
+        if side in ("C", "D") and not jars:
             assert "no delta-spark jars" in row["note"], row
             continue
         records = int(row["records"])
@@ -635,7 +636,12 @@ def test_tiny_freshness_row_checks_each_window_record_once_on_each_side(
         assert int(row["files_on_disk"]) >= int(row["files_end"]), row
         # (A tenth of a 3 s window may hold no batch's end: then nan.)
         assert all(float(row[k]) > 0 or row[k] == "nan" for k in BATCH_TENTHS), row
-    # A ran its own compaction (--freshness-compact-every); C, hand-written, has none.
+    # A ran its own compaction (--freshness-compact-every); C and D, hand-written, have none.
+    # D's appends carry its txn: Spark's floor with the pipeline's guarantee.
+    if jars:
+        d = DeltaTable(str(tmp_path / "tables" / "16-fresh-D-r300"))
+        assert {c.get("operation") for c in d.history()} == {"WRITE"}, d.history()
+        assert d.transaction_version("fresh-fresh-d-r300") is not None
     history = DeltaTable(str(tmp_path / "tables" / "16-fresh-A-r300")).history()
     assert "OPTIMIZE" in {str(c.get("operation")).upper() for c in history}, history
     # A's batch function, step by step (the engine's own steps, timed from outside).

@@ -8,7 +8,8 @@ producer writes the topic, each stopped by a stop file the orchestrator writes:
 - side C, :func:`work_fresh_idiom`: what a Spark user writes by hand,
   ``readStream.format("kafka")`` -> ``from_json`` -> ``writeStream.format("delta")``, with no
   trigger set: Spark's fastest (the next batch as soon as the last one ends), on the same
-  session.
+  session; side D, the same with each batch written by ``foreachBatch`` as one idempotent
+  append (``txnAppId``/``txnVersion``): Spark's floor with the pipeline's guarantee.
 
 Both return Spark's own timings of every trigger that ran a batch (``recentProgress``:
 planning the ends, the offset log, the batch, the commit log), for the row's step shares.
@@ -185,7 +186,9 @@ def work_fresh_pipeline(spec: dict[str, Any]) -> dict[str, Any]:
 
 def work_fresh_idiom(spec: dict[str, Any]) -> dict[str, Any]:
     """Side C: ``readStream.format("kafka")`` -> ``from_json`` -> ``writeStream.format("delta")``
-    as a Spark user writes it, no trigger set (Spark's fastest), on the pipeline's session."""
+    as a Spark user writes it, no trigger set (Spark's fastest), on the pipeline's session.
+    Side D (``spec["txn"]``): the same read, each batch written by ``foreachBatch`` as one
+    idempotent append (``txnAppId``/``txnVersion``), as Databricks documents it."""
     from kafka_delta_dev.orders import EVENT_SCHEMA
     from pyspark.sql import functions as F
 
@@ -207,11 +210,29 @@ def work_fresh_idiom(spec: dict[str, Any]) -> dict[str, Any]:
             "partition",
             "offset",
         ).select("event.*", "kafka_timestamp", "topic", "partition", "offset")
-        query = (
-            rows.writeStream.format("delta")
-            .option("checkpointLocation", spec["checkpoint"])
-            .start(spec["table"])
-        )
+        if spec.get("txn"):
+            app_id = f"fresh-{spec['topic']}"
+
+            def append(df: Any, batch_id: int) -> None:
+                (
+                    df.write.format("delta")
+                    .option("txnAppId", app_id)
+                    .option("txnVersion", batch_id)
+                    .mode("append")
+                    .save(spec["table"])
+                )
+
+            query = (
+                rows.writeStream.foreachBatch(append)
+                .option("checkpointLocation", spec["checkpoint"])
+                .start()
+            )
+        else:
+            query = (
+                rows.writeStream.format("delta")
+                .option("checkpointLocation", spec["checkpoint"])
+                .start(spec["table"])
+            )
         log.info("stream started")
         stopping = threading.Event()
         _watch_stop_file(spec["stop_file"], stopping.set)

@@ -64,6 +64,9 @@ SIDES = {
     "B0": "project, cluster engine (jars), before",
     "B": "project, cluster engine (jars)",
     "C": "hand-written readStream kafka > writeStream delta",
+    # Spark's floor with the pipeline's guarantee: each batch one idempotent Delta append, as
+    # Databricks documents it (txnAppId/txnVersion), nothing else.
+    "D": "hand-written readStream kafka > foreachBatch delta append with txnAppId/txnVersion",
 }
 # The sides on the engine of --freshness-before.
 BEFORE = {"A0", "B0"}
@@ -292,7 +295,7 @@ class FreshnessRun:
             trigger = json.loads(self.args.freshness_before_trigger)
             spec.update(engine=CLUSTER_ENGINE, trigger=trigger, jars=jars)
             return "fresh_pipeline", spec
-        return "fresh_idiom", {**spec, "jars": jars}
+        return "fresh_idiom", {**spec, "jars": jars, "txn": side == "D"}
 
     def before_env(self) -> dict[str, str]:
         """The workers' environment with the engine of ``--freshness-before`` first on the path:
@@ -553,7 +556,7 @@ def _sides(text: str) -> list[str]:
 
     sides = [s.strip().upper() for s in text.split(",") if s.strip()]
     if not sides or set(sides) - set(SIDES) - BEFORE or BEFORE & set(sides):
-        raise argparse.ArgumentTypeError(f"sides are A, B and C, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sides are A, B, C and D, got {text!r}")
     return sides
 
 
@@ -567,7 +570,11 @@ def add_options(parser: Any) -> None:
         "(default 1000,5000,20000)",
     )
     group.add_argument(
-        "--freshness-sides", type=_sides, default=["A", "B", "C"], help="default A,B,C"
+        "--freshness-sides",
+        type=_sides,
+        default=["A", "B", "C"],
+        help="default A,B,C; D: the hand-written query's batches written by foreachBatch as "
+        "idempotent appends (txnAppId/txnVersion), Spark's floor with that guarantee",
     )
     group.add_argument(
         "--freshness-seconds", type=float, default=60.0, help="the measured window (default 60)"
