@@ -69,7 +69,7 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
         "startingOffsets": "earliest",
         "failOnDataLoss": "false",
         "includeHeaders": "true",
-        "minPartitions": "4",
+        # No partition split across tasks with failOnDataLoss off (see spark_kafka_options).
         "maxOffsetsPerTrigger": "1000",
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "PLAIN",
@@ -77,10 +77,8 @@ def test_config_maps_to_sparks_kafka_source_options() -> None:
         "kafka.default.api.timeout.ms": "10000",
         "kafkaConsumer.pollTimeoutMs": "120000",
     }
-    assert (
-        spark_kafka_options(_kafka(max_records_per_trigger=None), "latest", 1)["failOnDataLoss"]
-        == "true"
-    )
+    strict = spark_kafka_options(_kafka(max_records_per_trigger=None), "latest", 3)
+    assert strict["failOnDataLoss"] == "true" and strict["minPartitions"] == "3"
     assert "maxOffsetsPerTrigger" not in spark_kafka_options(
         _kafka(max_records_per_trigger=None), "latest", 1
     )

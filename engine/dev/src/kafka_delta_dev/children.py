@@ -25,6 +25,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different free ports: each socket is held until all are bound (one
+    :func:`free_port` after another may hand the same port out twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGTERM it when its parent dies."""
     if sys.platform.startswith("linux"):

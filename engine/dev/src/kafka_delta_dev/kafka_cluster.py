@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafka_delta_dev import maven
-from kafka_delta_dev.children import HOST, ChildServer, die_with_parent, free_port
+from kafka_delta_dev.children import HOST, ChildServer, die_with_parent, free_ports
 
 # The broker users run today; KAFKA_DELTA_KAFKA_VERSION tries another (3.7 and later run
 # KRaft the same way).
@@ -130,11 +130,16 @@ class KafkaCluster(ChildServer):
         self.nodes = nodes
         self._own_folder = folder is None
         self.folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="kafka-"))
-        self.ports = [port or free_port()] + [free_port() for _ in range(nodes - 1)]
-        self.controller_ports = [free_port() for _ in range(nodes)]
         self.listeners = list(listeners)
+        # Every port of every node different: two listeners of a node on one port fail its
+        # storage format ("Each listener must have a different port").
+        ports = iter(free_ports(nodes * (2 + len(self.listeners))))
+        self.ports = [next(ports) for _ in range(nodes)]
+        if port:
+            self.ports[0] = port
+        self.controller_ports = [next(ports) for _ in range(nodes)]
         self.listener_ports = {
-            listener.name: [free_port() for _ in range(nodes)] for listener in self.listeners
+            listener.name: [next(ports) for _ in range(nodes)] for listener in self.listeners
         }
         self.properties = dict(properties or {})
         self.scram_users = dict(scram_users or {})
@@ -187,9 +192,14 @@ class KafkaCluster(ChildServer):
         for node, process in enumerate(formats, start=1):
             _, err = process.communicate(timeout=120)
             if process.returncode != 0:
+                # The tool's own words, not its stack trace's frames.
+                said = [
+                    line.strip()
+                    for line in err.decode(errors="replace").splitlines()
+                    if line.strip() and not line.lstrip().startswith("at ")
+                ]
                 raise KafkaError(
-                    f"formatting node {node}'s storage failed: "
-                    f"{err.decode(errors='replace').strip()[-500:]}"
+                    f"formatting node {node}'s storage failed: {' / '.join(said[-3:])[-500:]}"
                 )
         try:
             for node in range(1, self.nodes + 1):

@@ -145,7 +145,8 @@ class KafkaAdmin:
         answer within a slice of the time): the broker it went to may be the one just killed
         or still cached as the controller, and a second request goes to one that is up. A
         broker of three down left each DescribeTopics waiting out its 30 s for the controller
-        it had cached, the run writing nothing meanwhile."""
+        it had cached, the run writing nothing for over 4 minutes (until librdkafka's periodic
+        metadata refresh)."""
         deadline = time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
@@ -160,6 +161,13 @@ class KafkaAdmin:
             if not failed or time.monotonic() + 0.2 >= deadline:
                 return futures
             self._refused()
+            # A fresh metadata answer names a controller that is up: librdkafka otherwise keeps
+            # the one it cached until its periodic refresh (topic.metadata.refresh.interval.ms,
+            # 5 minutes), and sends every controller request to a broker that is down.
+            try:
+                self._admin.list_topics(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+            except KafkaException:
+                pass  # the next attempt says what is wrong
             time.sleep(0.2)
 
     def _metadata(self, call: Callable[[float], T]) -> T:
