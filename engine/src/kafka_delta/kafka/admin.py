@@ -228,35 +228,47 @@ class KafkaAdmin:
         """Partition ids and topic ids of ``topics`` in ONE metadata request (what
         :meth:`partitions` and :meth:`topic_ids` ask in two). A missing topic is an error,
         never auto-created; an id the broker does not report is left out of ``ids``."""
-        names = sorted(set(topics))
-        if not names:
-            return Topics({}, {})
         partitions: dict[str, list[int]] = {}
         ids: dict[str, str] = {}
+        for name, description in self._descriptions(topics).items():
+            if description is None or not description.partitions:
+                raise TopicMissingError(
+                    name,
+                    f"topic {name!r} does not exist on {self.bootstrap_servers} "
+                    "(create it first; the pipeline never auto-creates topics)",
+                )
+            partitions[name] = sorted(p.id for p in description.partitions)
+            topic_id = description.topic_id
+            if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
+                ids[name] = str(topic_id)
+        return Topics(partitions, ids)
+
+    def _descriptions(self, topics: Iterable[str], operations: bool = False) -> dict[str, Any]:
+        """Each topic's description (DescribeTopics, asked again while it fails for its
+        broker's sake), None for a topic Kafka does not know; ``operations``: with the
+        operations Kafka authorizes the principal for. A topic the client may not describe is
+        :class:`KafkaRefusedError`; no answer is :class:`KafkaUnavailableError`, never an empty
+        one (a recreated topic would pass unseen, I12)."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        result: dict[str, Any] = {}
         try:
             futures = self._asked_again(
                 lambda timeout: self._admin.describe_topics(
-                    TopicCollection(names), request_timeout=timeout
+                    TopicCollection(names),
+                    request_timeout=timeout,
+                    include_authorized_operations=operations,
                 )
             )
             for name, future in futures.items():
                 try:
-                    description = future.result()
+                    result[name] = future.result()
                 except KafkaException as exc:
                     self._not_authorized(exc, name)
                     if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
                         raise
-                    description = None
-                if description is None or not description.partitions:
-                    raise TopicMissingError(
-                        name,
-                        f"topic {name!r} does not exist on {self.bootstrap_servers} "
-                        "(create it first; the pipeline never auto-creates topics)",
-                    )
-                partitions[name] = sorted(p.id for p in description.partitions)
-                topic_id = description.topic_id
-                if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
-                    ids[name] = str(topic_id)
+                    result[name] = None
         except KafkaException as exc:
             raise self._failed(
                 exc,
@@ -265,7 +277,7 @@ class KafkaAdmin:
             ) from None
         finally:
             self._serve_logs()
-        return Topics(partitions, ids)
+        return result
 
     def _not_authorized(self, exc: KafkaException, topic: str, describe: bool = True) -> None:
         """Raise the sentence of a topic request Kafka refused for an ACL; else nothing."""
@@ -280,43 +292,20 @@ class KafkaAdmin:
         principal authorized for on each topic (a broker that reports none is taken at its
         word only when it reports some). Run before any work, so that a principal without Read
         stops with the ACL to grant, not with a read task's failure."""
-        names = sorted(set(topics))
-        if not names:
-            return
-        try:
-            futures = self._asked_again(
-                lambda timeout: self._admin.describe_topics(
-                    TopicCollection(names),
-                    request_timeout=timeout,
-                    include_authorized_operations=True,
-                )
-            )
-            for name, future in futures.items():
-                try:
-                    operations = future.result().authorized_operations
-                except KafkaException as exc:
-                    self._not_authorized(exc, name)
-                    if _code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        continue  # the partition listing names it
-                    raise
-                if operations is not None and AclOperation.READ not in operations:
-                    allowed = ", ".join(sorted(op.name for op in operations)) or "nothing"
-                    raise KafkaRefusedError(
-                        topic_not_authorized(
-                            self.bootstrap_servers,
-                            self._conf,
-                            name,
-                            why=f"Kafka authorizes it for {allowed} on the topic",
-                        )
+        for name, description in self._descriptions(topics, operations=True).items():
+            if description is None:
+                continue  # the partition listing names it
+            operations = description.authorized_operations
+            if operations is not None and AclOperation.READ not in operations:
+                allowed = ", ".join(sorted(op.name for op in operations)) or "nothing"
+                raise KafkaRefusedError(
+                    topic_not_authorized(
+                        self.bootstrap_servers,
+                        self._conf,
+                        name,
+                        why=f"Kafka authorizes it for {allowed} on the topic",
                     )
-        except KafkaException as exc:
-            raise self._failed(
-                exc,
-                f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
-                f"({_reason(exc)})",
-            ) from None
-        finally:
-            self._serve_logs()
+                )
 
     def _list_offsets(
         self,
@@ -426,37 +415,11 @@ class KafkaAdmin:
     def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
         """Kafka's topic id of each topic that exists (a topic deleted and created again under
         the same name gets a new one); topics the broker cannot describe are left out."""
-        names = sorted(set(topics))
-        if not names:
-            return {}
-        ids: dict[str, str] = {}
-        try:
-            futures = self._asked_again(
-                lambda timeout: self._admin.describe_topics(
-                    TopicCollection(names), request_timeout=timeout
-                )
-            )
-            for name, future in futures.items():
-                try:
-                    topic_id = future.result().topic_id
-                except KafkaException as exc:
-                    self._not_authorized(exc, name)
-                    if _code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        continue  # absent topics are reported by the partition listing
-                    raise
-                if topic_id is not None and str(topic_id) != NO_TOPIC_ID:
-                    ids[name] = str(topic_id)
-        except KafkaException as exc:
-            # Never an empty answer for an unreachable broker: a recreated topic would pass
-            # unseen (I12).
-            raise self._failed(
-                exc,
-                f"cannot describe topics on {self.bootstrap_servers} within {self._timeout:g} s "
-                f"({_reason(exc)})",
-            ) from None
-        finally:
-            self._serve_logs()
-        return ids
+        return {
+            name: str(d.topic_id)
+            for name, d in self._descriptions(topics).items()
+            if d is not None and d.topic_id is not None and str(d.topic_id) != NO_TOPIC_ID
+        }
 
     def committed(self, group: str, partitions: Mapping[str, list[int]]) -> Offsets:
         """The group's committed offsets for these partitions (absent when never committed);
