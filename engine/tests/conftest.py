@@ -38,6 +38,16 @@ def engine_config(name: str) -> dict[str, str]:
     return {"source": STANDIN if source == "standin" else source, "sink": sink}
 
 
+@pytest.fixture(params=["embedded", "cluster"])
+def engine(request, spark) -> dict[str, str]:
+    """Each engine that reads Kafka itself: the embedded source (librdkafka) and Spark's kafka
+    source (the Java client), each with its own sink; skipped where the session lacks the
+    cluster engine's jars. (test_engine_contract.py has an engine fixture of its own.)"""
+    chosen = engine_config(request.param)
+    skip_without_connectors(spark, chosen)
+    return chosen
+
+
 def skip_without_connectors(spark, engine: dict[str, str]) -> None:
     """Skip (with the reason the suite reports) when the session lacks the engine's jars."""
     from kafka_delta.runtime.connectors import missing_connectors, required_connectors

@@ -313,3 +313,42 @@ def write_config(folder: Path, document: dict[str, Any], name: str = "secure") -
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     return path
+
+
+# The events topic_and_config's topic holds unless told otherwise.
+RECORDS = 120
+
+
+def topic_and_config(
+    kafka: SecureKafka,
+    shape: Shape,
+    folder: Path,
+    engine: dict[str, str],
+    *,
+    records: int = RECORDS,
+    bootstrap: str | None = None,
+    kafka_keys: dict[str, Any] | None = None,
+    **extra: Any,
+) -> tuple[Path, Any]:
+    """A topic of two partitions holding ``records`` events, and a config reading it through
+    ``shape`` (written with its ``${NAME}`` references, loaded with its environment);
+    ``kafka_keys`` join its ``kafka:`` section, ``extra`` its top level."""
+    from kafka_delta.config import load_config
+    from kafka_delta_dev.produce import ensure_topics, produce_events
+
+    topic = new_name()
+    ensure_topics(kafka.plaintext, [topic], 2)
+    if records:
+        produce_events(kafka.plaintext, [topic], records)
+    document = config_document(
+        folder,
+        shape,
+        bootstrap or kafka.address(shape.listener),
+        [topic],
+        new_name(),
+        engine,
+        **extra,
+    )
+    document["kafka"].update(kafka_keys or {})
+    path = write_config(folder, document)
+    return path, load_config(path, environ=shape.environ)

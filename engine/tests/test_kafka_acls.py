@@ -22,42 +22,18 @@ from deltalake import DeltaTable
 
 from conftest import engine_config, skip_without_connectors
 from kafka_delta.cli import EXIT_REFUSED, main
-from kafka_delta.config import PipelineConfig, load_config
+from kafka_delta.config import PipelineConfig
 from kafka_delta.kafka.admin import GroupNotAuthorizedError, KafkaAdmin, KafkaRefusedError
 from kafka_delta.pipeline import Pipeline
-from kafka_delta_dev.produce import ensure_topics, produce_events
-from secure_support import SecureKafka, Shape, config_document, new_name, scram, write_config
+from secure_support import (
+    SecureKafka,
+    Shape,
+    scram,
+    topic_and_config,
+)
 from support import assert_exactly_once
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-
-ENGINES = ["embedded", "cluster"]
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request, spark) -> dict[str, str]:
-    chosen = engine_config(request.param)
-    skip_without_connectors(spark, chosen)
-    return chosen
-
-
-def _setup(
-    kafka: SecureKafka,
-    shape: Shape,
-    folder: Path,
-    engine: dict[str, str],
-    records: int,
-    **kafka_keys,
-) -> tuple[Path, PipelineConfig]:
-    topic = new_name()
-    ensure_topics(kafka.plaintext, [topic], 2)
-    produce_events(kafka.plaintext, [topic], records)
-    document = config_document(
-        folder, shape, kafka.address(shape.listener), [topic], new_name(), engine
-    )
-    document["kafka"].update(kafka_keys)
-    path = write_config(folder, document)
-    return path, load_config(path, environ=shape.environ)
 
 
 def _as(kafka: SecureKafka, user: str, jvm_user: str | None = None) -> Shape:
@@ -117,7 +93,7 @@ def test_a_principal_that_may_not_read_the_topic_stops_before_any_work_naming_th
     topics a principal may not describe), dave's run to fail in a read task with librdkafka's
     "Broker: Topic authorization failed" inside Spark's trace."""
     shape = _as(secure_kafka, user)
-    path, cfg = _setup(secure_kafka, shape, tmp_path, engine, 10)
+    path, cfg = topic_and_config(secure_kafka, shape, tmp_path, engine, records=10)
     for name, value in shape.environ.items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()
@@ -143,7 +119,7 @@ def test_a_read_the_topics_acl_refuses_stops_the_embedded_run_with_the_acl_it_la
     is refused, and the run stops with the sentence rather than librdkafka's words inside
     Spark's trace."""
     shape = _as(secure_kafka, "dave")
-    _, cfg = _setup(secure_kafka, shape, tmp_path, engine_config("embedded"), 10)
+    _, cfg = topic_and_config(secure_kafka, shape, tmp_path, engine_config("embedded"), records=10)
 
     with pytest.raises(KafkaRefusedError) as refused:
         Pipeline(spark, cfg).run()
@@ -185,7 +161,7 @@ def test_a_java_client_principal_without_the_topics_acls_is_one_sentence_nothing
     engine = engine_config("cluster")
     skip_without_connectors(spark, engine)
     shape = _as(secure_kafka, "alice", jvm_user=jvm_user)
-    _, cfg = _setup(secure_kafka, shape, tmp_path, engine, 10)
+    _, cfg = topic_and_config(secure_kafka, shape, tmp_path, engine, records=10)
 
     started = time.monotonic()
     with pytest.raises(KafkaRefusedError) as refused:
@@ -211,7 +187,14 @@ def test_without_the_groups_acl_every_record_lands_once_and_the_refusal_is_said_
     used to fail the embedded run (the read task's consumer took its group's refused
     coordinator look-up for a failed read) and log a warning every batch."""
     shape = _as(secure_kafka, "bob")
-    path, cfg = _setup(secure_kafka, shape, tmp_path, engine, 160, max_records_per_trigger=40)
+    path, cfg = topic_and_config(
+        secure_kafka,
+        shape,
+        tmp_path,
+        engine,
+        records=160,
+        kafka_keys={"max_records_per_trigger": 40},
+    )
 
     with caplog.at_level(logging.INFO, logger="kafka_delta"):
         summary = Pipeline(spark, cfg).run()

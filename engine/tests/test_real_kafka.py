@@ -29,7 +29,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable
 
-from conftest import engine_config, skip_without_connectors
 from kafka_delta.cli import EXIT_REFUSED, _failed, main
 from kafka_delta.config import PipelineConfig
 from kafka_delta.delta.rs_offset_store import DeltaRsOffsetStore
@@ -41,17 +40,6 @@ from kafka_delta_dev.produce import Transaction, ensure_topics, event, produce_e
 from support import assert_exactly_once, table_ids, table_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.usefixtures("apache_kafka")]
-
-# The engines that read Kafka themselves: the embedded source (librdkafka) and Spark's kafka
-# source (the Java client), each with its own sink.
-ENGINES = ["embedded", "cluster"]
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request, spark) -> dict[str, str]:
-    chosen = engine_config(request.param)
-    skip_without_connectors(spark, chosen)
-    return chosen
 
 
 class Progress:

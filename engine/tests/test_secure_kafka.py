@@ -24,64 +24,22 @@ from deltalake import DeltaTable
 
 from conftest import engine_config, skip_without_connectors
 from kafka_delta.cli import EXIT_REFUSED, main
-from kafka_delta.config import PipelineConfig, load_config
 from kafka_delta.kafka.admin import KafkaAdmin, KafkaRefusedError
 from kafka_delta.pipeline import Pipeline
 from kafka_delta_dev.children import free_port
-from kafka_delta_dev.produce import ensure_topics, produce_events
 from secure_support import (
+    RECORDS,
     SHAPES,
     SecureKafka,
     Shape,
-    config_document,
     event_hubs,
     mutual_tls,
-    new_name,
     scram,
-    write_config,
+    topic_and_config,
 )
 from support import PROJECT, assert_exactly_once
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
-
-ENGINES = ["embedded", "cluster"]
-RECORDS = 120
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request, spark) -> dict[str, str]:
-    chosen = engine_config(request.param)
-    skip_without_connectors(spark, chosen)
-    return chosen
-
-
-def _setup(
-    kafka: SecureKafka,
-    shape: Shape,
-    folder: Path,
-    engine: dict[str, str],
-    *,
-    records: int = RECORDS,
-    bootstrap: str | None = None,
-    **extra,
-) -> tuple[Path, PipelineConfig]:
-    """A topic of two partitions holding ``records`` events, and a config reading it through
-    ``shape`` (written with its ``${NAME}`` references, loaded with its environment)."""
-    topic = new_name()
-    ensure_topics(kafka.plaintext, [topic], 2)
-    if records:
-        produce_events(kafka.plaintext, [topic], records)
-    document = config_document(
-        folder,
-        shape,
-        bootstrap or kafka.address(shape.listener),
-        [topic],
-        new_name(),
-        engine,
-        **extra,
-    )
-    path = write_config(folder, document)
-    return path, load_config(path, environ=shape.environ)
 
 
 def _cli(argv: list[str], shape: Shape, monkeypatch, capsys) -> tuple[int, str, str, float]:
@@ -105,7 +63,7 @@ def test_each_production_shape_reads_exactly_once_commits_back_and_serves_the_co
     spark, secure_kafka, engine, shape_name, tmp_path, monkeypatch, capsys
 ) -> None:
     shape = SHAPES[shape_name](secure_kafka)
-    path, cfg = _setup(secure_kafka, shape, tmp_path, engine)
+    path, cfg = topic_and_config(secure_kafka, shape, tmp_path, engine)
     assert cfg.kafka.client["sasl.username" if shape.name != "mtls" else "security.protocol"] in (
         "alice",
         "$ConnectionString",  # taken literally: no {...}, no reference
@@ -288,7 +246,7 @@ def test_each_refusal_of_the_clients_settings_is_one_true_sentence_before_any_wo
     shape, host = _refused_shape(secure_kafka, case)
     listener = secure_kafka.address(shape.listener)
     address = listener.replace("127.0.0.1", host) if host else listener
-    path, _ = _setup(secure_kafka, shape, tmp_path, engine, records=10, bootstrap=address)
+    path, _ = topic_and_config(secure_kafka, shape, tmp_path, engine, records=10, bootstrap=address)
 
     status, out, err, took = _cli(["--config", str(path)], shape, monkeypatch, capsys)
 
@@ -317,7 +275,7 @@ def test_an_unreachable_address_keeps_its_own_sentence(
 ) -> None:
     shape = scram(secure_kafka)
     address = f"127.0.0.1:{free_port()}"
-    path, _ = _setup(secure_kafka, shape, tmp_path, engine, records=0, bootstrap=address)
+    path, _ = topic_and_config(secure_kafka, shape, tmp_path, engine, records=0, bootstrap=address)
 
     status, out, err, took = _cli(["--config", str(path)], shape, monkeypatch, capsys)
 
@@ -347,7 +305,7 @@ def test_a_wrong_password_is_the_same_one_sentence_on_every_restart(secure_kafka
     """The run as a process: its whole output is the sentence, the same at each restart, exit
     2, nothing written, the password nowhere."""
     shape = scram(secure_kafka, password="not-the-password")
-    path, _ = _setup(secure_kafka, shape, tmp_path, engine_config("embedded"), records=10)
+    path, _ = topic_and_config(secure_kafka, shape, tmp_path, engine_config("embedded"), records=10)
     address = secure_kafka.address("SCRAM")
     for attempt in range(2):
         run, took = _run(path, shape.environ)
@@ -455,7 +413,7 @@ def test_a_refusal_of_the_java_clients_settings_alone_is_one_sentence_never_an_o
     shape, host = _jvm_refused_shape(secure_kafka, case)
     listener = secure_kafka.address(shape.listener)
     address = listener.replace("127.0.0.1", host) if host else listener
-    _, cfg = _setup(secure_kafka, shape, tmp_path, engine, records=20, bootstrap=address)
+    _, cfg = topic_and_config(secure_kafka, shape, tmp_path, engine, records=20, bootstrap=address)
 
     started = time.monotonic()
     with pytest.raises(KafkaRefusedError) as refused:
@@ -487,7 +445,9 @@ def test_a_wrong_password_of_the_java_client_is_the_same_one_sentence_on_every_r
     engine = engine_config("cluster")
     shape, _ = _jvm_refused_shape(secure_kafka, "wrong password")
     jars = connector_conf(engine["source"], engine["sink"])
-    path, cfg = _setup(secure_kafka, shape, tmp_path, engine, records=20, spark={"conf": jars})
+    path, cfg = topic_and_config(
+        secure_kafka, shape, tmp_path, engine, records=20, spark={"conf": jars}
+    )
     expected = JVM_REFUSALS["wrong password"].format(address=secure_kafka.address("SCRAM"))
     for attempt in range(2):
         run, took = _run(path, shape.environ)
