@@ -166,6 +166,18 @@ def ensure_topics(
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    _, waiting = _listed(admin, topics, timeout_s, leaders=True)
+    if waiting:
+        raise RuntimeError(f"topics {waiting} have no leader on {bootstrap} after {timeout_s} s")
+
+
+def _listed(
+    admin: AdminClient, topics: Sequence[str], timeout_s: float, *, leaders: bool
+) -> tuple[Any, list[str]]:
+    """The cluster's metadata once it lists every topic of ``topics`` with partitions (and,
+    with ``leaders``, a leader for each), asked again until ``timeout_s``; and the topics it
+    still lacks then (none: all there). A topic just created reaches each broker's metadata a
+    moment apart: a broker of several may not list it yet."""
     deadline = time.monotonic() + timeout_s
     while True:
         metadata = admin.list_topics(timeout=10)
@@ -173,16 +185,17 @@ def ensure_topics(
             t
             for t in topics
             if t not in metadata.topics
-            or metadata.topics[t].error is not None
             or not metadata.topics[t].partitions
-            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
-        ]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"topics {waiting} have no leader on {bootstrap} after {timeout_s} s"
+            or (
+                leaders
+                and (
+                    metadata.topics[t].error is not None
+                    or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
+                )
             )
+        ]
+        if not waiting or time.monotonic() > deadline:
+            return metadata, waiting
         time.sleep(0.05)
 
 
@@ -450,23 +463,12 @@ def produce_events(
         encoders[1] = value_encoder(value_format, registry_url, 1)
         if evolve:
             encoders[2] = value_encoder(value_format, registry_url, 2)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    # A topic just created reaches each broker's metadata a moment apart: a broker of several
-    # may not list it yet.
-    deadline = time.monotonic() + 10
-    while True:
-        metadata = admin.list_topics(timeout=10)
-        counts = {
-            t: len(metadata.topics[t].partitions) if t in metadata.topics else 0 for t in topics
-        }
-        missing = [t for t, n in counts.items() if n == 0]
-        if not missing:
-            break
-        if time.monotonic() > deadline:
-            raise ValueError(
-                f"topics {missing} do not exist on {bootstrap}; call ensure_topics first"
-            )
-        time.sleep(0.2)
+    metadata, missing = _listed(
+        AdminClient({"bootstrap.servers": bootstrap}), topics, 10, leaders=False
+    )
+    if missing:
+        raise ValueError(f"topics {missing} do not exist on {bootstrap}; call ensure_topics first")
+    counts = {t: len(metadata.topics[t].partitions) for t in topics}
     per_topic: dict[str, list[tuple[int, bytes]]] = {t: [] for t in topics}
     half = records // 2
     for n in range(records):
