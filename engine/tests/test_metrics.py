@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import random
 import re
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from kafka_delta.kafka.admin import KafkaAdmin
 from kafka_delta.pipeline import Pipeline
 from kafka_delta.progress.log_file import JsonLinesProgress, read_progress
 from kafka_delta.progress.metrics import PrometheusMetrics
+from kafka_delta_dev.children import free_port
 from kafka_delta_dev.produce import event, produce_values
 from support import forget_last_spark_commit, last_batch
 
@@ -38,12 +38,6 @@ def samples(text: str) -> Samples:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_metrics_scraped_over_http_equal_the_tables_figures(

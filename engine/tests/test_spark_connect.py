@@ -227,7 +227,7 @@ def test_a_connect_server_that_is_down_stops_the_run_at_once_with_one_sentence(
     kafka_bootstrap, new_topics, make_config, tmp_path: Path
 ) -> None:
     # A port nobody listens on: pyspark's own client would retry for minutes.
-    from kafka_delta_dev.connect_server import free_port
+    from kafka_delta_dev.children import free_port
 
     (topic,) = new_topics(1, partitions=1)
     cfg = make_config([topic])

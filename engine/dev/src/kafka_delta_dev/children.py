@@ -4,6 +4,8 @@ the loopback address they listen on, a free port there, and a tie to the parent'
 from __future__ import annotations
 
 import abc
+import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -19,20 +22,66 @@ Server = TypeVar("Server", bound="ChildServer")
 HOST = "127.0.0.1"
 
 
+# The band below the kernel's ephemeral range (Linux's default when /proc cannot say; macOS's
+# 49152-65535 lies above it too). A port the kernel hands out for an outgoing connection or a
+# ``bind(0)`` (Spark's Python workers connect back to one) is never in it, so a server stopped
+# here, or an address the tests keep dead, is not taken over meanwhile: the clients that go
+# on knocking on it (a killed broker's, an unreachable address's) reach nobody else's socket.
+_BAND_LOW = 10_000
+_LINUX_EPHEMERAL_LOW = 32_768
+# One slice of the band per pytest-xdist worker, so two workers never pick the same port.
+_SLICES = 16
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LINUX_EPHEMERAL_LOW
+    return low if low > _BAND_LOW + _SLICES * 100 else _LINUX_EPHEMERAL_LOW
+
+
+def port_band() -> range:
+    """The ports :func:`free_ports` picks from in this process: a slice of the band below the
+    ephemeral range, the slice of its pytest-xdist worker (``gwN``) when it is one."""
+    high = _ephemeral_low()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return range(_BAND_LOW, high)
+    width = (high - _BAND_LOW) // _SLICES
+    start = _BAND_LOW + (int(worker[2:]) % _SLICES) * width
+    return range(start, start + width)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different free ports: each socket is held until all are bound (one
-    :func:`free_port` after another may hand the same port out twice)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """``count`` different ports on :data:`HOST` that are free now, outside the kernel's
+    ephemeral range (see :func:`port_band`), none handed out before by this process. Each
+    socket is held until all are bound."""
+    band = port_band()
+    candidates = [port for port in band if port not in _handed_out]
+    random.shuffle(candidates)
+    sockets: list[socket.socket] = []
     try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+        for port in candidates:
+            if len(sockets) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        if len(sockets) < count:
+            raise RuntimeError(f"fewer than {count} free ports left in {band.start}-{band.stop - 1}")
+        ports = [int(sock.getsockname()[1]) for sock in sockets]
+        _handed_out.update(ports)
+        return ports
     finally:
         for sock in sockets:
             sock.close()

@@ -26,13 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from kafka_delta_dev.children import free_port
+
 READY_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ConnectServer:
