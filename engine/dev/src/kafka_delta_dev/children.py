@@ -78,7 +78,9 @@ def free_ports(count: int) -> list[int]:
                 continue
             sockets.append(sock)
         if len(sockets) < count:
-            raise RuntimeError(f"fewer than {count} free ports left in {band.start}-{band.stop - 1}")
+            raise RuntimeError(
+                f"fewer than {count} free ports left in {band.start}-{band.stop - 1}"
+            )
         ports = [int(sock.getsockname()[1]) for sock in sockets]
         _handed_out.update(ports)
         return ports
