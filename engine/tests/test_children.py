@@ -57,3 +57,26 @@ def test_each_pytest_xdist_worker_picks_from_a_slice_of_its_own(monkeypatch) -> 
     assert not slices[0] & slices[1] and not slices[1] & slices[2] and not slices[0] & slices[2]
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     assert set(children.free_ports(5)) <= slices[1]
+
+
+def test_a_band_handed_out_whole_gives_back_the_ports_handed_out_longest_ago(monkeypatch) -> None:
+    # A long test session hands out more ports than its slice holds: it never runs out.
+    band = range(21_000, 21_008)
+    monkeypatch.setattr(children, "port_band", lambda: band)
+    monkeypatch.setattr(children, "_handed_out", {})
+    free = [port for port in band if _bindable(port)]
+    if len(free) < 4:
+        pytest.skip(f"fewer than 4 of the ports {band.start}-{band.stop - 1} are free here")
+    first = children.free_ports(len(free))
+    assert sorted(first) == free
+    again = children.free_ports(2)
+    assert again == first[:2]  # the oldest first
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((children.HOST, port))
+        except OSError:
+            return False
+        return True

@@ -31,7 +31,9 @@ _BAND_LOW = 10_000
 _LINUX_EPHEMERAL_LOW = 32_768
 # One slice of the band per pytest-xdist worker, so two workers never pick the same port.
 _SLICES = 16
-_handed_out: set[int] = set()
+# The ports this process handed out, newest last: not handed out again while newer ones are
+# free (a long test session hands out more than a slice holds, so the oldest come back).
+_handed_out: dict[int, None] = {}
 
 
 def _ephemeral_low() -> int:
@@ -60,11 +62,14 @@ def free_port() -> int:
 
 def free_ports(count: int) -> list[int]:
     """``count`` different ports on :data:`HOST` that are free now, outside the kernel's
-    ephemeral range (see :func:`port_band`), none handed out before by this process. Each
-    socket is held until all are bound."""
+    ephemeral range (see :func:`port_band`), none handed out before by this process while the
+    band has others (then the ones handed out longest ago). Each socket is held until all are
+    bound."""
     band = port_band()
-    candidates = [port for port in band if port not in _handed_out]
-    random.shuffle(candidates)
+    fresh = [port for port in band if port not in _handed_out]
+    random.shuffle(fresh)
+    # Then the ones handed out longest ago, oldest first.
+    candidates = fresh + [port for port in _handed_out if port in band]
     sockets: list[socket.socket] = []
     try:
         for port in candidates:
@@ -82,7 +87,9 @@ def free_ports(count: int) -> list[int]:
                 f"fewer than {count} free ports left in {band.start}-{band.stop - 1}"
             )
         ports = [int(sock.getsockname()[1]) for sock in sockets]
-        _handed_out.update(ports)
+        for port in ports:
+            _handed_out.pop(port, None)
+            _handed_out[port] = None
         return ports
     finally:
         for sock in sockets:
