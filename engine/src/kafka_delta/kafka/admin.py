@@ -320,8 +320,9 @@ class KafkaAdmin:
         again: "Local: Unknown partition" for a partition added to a topic since (a long-lived
         client, the run's, would never learn it before its periodic refresh, 5 minutes by
         default), "Not leader for partition" after a leader moved (a broker restarted, a
-        preferred-leader election), "Leader not available" or "Unknown topic or partition" for
-        a topic just created. Kafka's own clients refresh their metadata and ask again; so does
+        preferred-leader election), "Leader high watermark is not caught up" from a leader just
+        elected, "Leader not available" or "Unknown topic or partition" for a topic just
+        created. Kafka's own clients refresh their metadata and ask again; so does
         this one, a few times over about 2.5 s. Anything else, or the same after that, fails as
         before."""
         try:
@@ -524,6 +525,8 @@ _STALE_METADATA = frozenset(
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
+        # A leader elected a moment ago whose high watermark has not caught up yet.
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 _STALE_METADATA_ATTEMPTS = 5
